@@ -1,0 +1,109 @@
+/*
+ * qkern/woq.h -- the C contract of the int8 weight-only-quantized GEMM.
+ *
+ *   y[m, n] = round_to_dtype( (sum_k f32(x[m, k]) * w[n, k]) * scale[n] + bias[n] )
+ *
+ * x: M x K activations (f32, f16 or bf16), rows addressed by pointer.
+ * w: N x K int8 weights, packed once by qk_woq_pack() into the layout of a
+ *    kernel (nr, kr).  scale/bias: f32, padded with zeros to a multiple of nr.
+ * y: M x N, the dtype of x, rows c_stride bytes apart.
+ *
+ * Packed layout (nr, kr): Np = roundup(N, nr), Kp = roundup(K, kr).
+ *
+ *   panel p (columns p*nr .. p*nr+nr-1), Kp*nr bytes, panels back to back:
+ *
+ *     for kb in 0 .. Kp/kr-1:          one "k-group" of kr consecutive k
+ *       for j in 0 .. nr-1:            nr columns
+ *         for r in 0 .. kr-1:          kr values of one column
+ *           byte = w[p*nr + j, kb*kr + r]     (0 beyond N or K)
+ *
+ *   e.g. nr = 4, kr = 2 (the kernels use nr = 16 or 32):
+ *
+ *     k-group 0: w[0,0] w[0,1] | w[1,0] w[1,1] | w[2,0] w[2,1] | w[3,0] w[3,1]
+ *     k-group 1: w[0,2] w[0,3] | w[1,2] w[1,3] | ...
+ *
+ *   kr = 2 is the "VNNI" order of vdpbf16ps and AMX-BF16 B tiles once each
+ *   byte is widened to bf16.
+ */
+#ifndef QKERN_WOQ_H
+#define QKERN_WOQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of x and y. */
+typedef enum qk_dtype { QK_F32 = 0, QK_F16 = 1, QK_BF16 = 2 } qk_dtype;
+
+/* ISA levels, ordered: a cap admits every level at or below it. */
+typedef enum qk_isa {
+  QK_ISA_REF = 0,
+  QK_ISA_AVX2 = 1,        /* AVX2 + FMA + F16C */
+  QK_ISA_AVX512 = 2,      /* AVX-512 F/BW/VL + FMA + F16C */
+  QK_ISA_AVX512_BF16 = 3, /* the above + AVX512_BF16 */
+  QK_ISA_AMX = 4          /* the above + AMX-TILE/BF16 */
+} qk_isa;
+
+/* Return codes of the C entry points. */
+enum { QK_OK = 0, QK_ERR_ARG = 1, QK_ERR_NOMEM = 2 };
+
+/*
+ * A micro-kernel computes y for mr <= MR rows and nc columns, walking the
+ * nc columns panel by panel (the last panel may be partial):
+ *
+ *   mr      rows to compute, 1 <= mr <= MR
+ *   nc      columns to compute, >= 1; w, scale, bias start at column 0
+ *   kc      K (>= 0); the packed panels hold roundup(kc, kr) k-values
+ *   a       mr row pointers to x, each kc elements of dtype dt (unit stride)
+ *   w       packed panels (layout above) starting at the first column
+ *   scale   nc (rounded up to nr) f32 scales;  bias: same, or NULL
+ *   c       first output row; rows c_stride bytes apart; dtype dt
+ */
+typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc,
+                                  const void* const* a, qk_dtype dt,
+                                  const int8_t* w, const float* scale,
+                                  const float* bias, void* c,
+                                  ptrdiff_t c_stride);
+
+/* One registry entry: the single source of truth for dispatch, tuner,
+ * tests, qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads
+ * the same packed bytes, so qk_woq_pack() serves them all. */
+typedef struct qk_woq_kernel {
+  const char* name;
+  qk_woq_ukernel_fn fn;
+  qk_isa isa;
+  uint32_t mr, nr, kr;
+  uint32_t dtypes; /* bit (1 << qk_dtype) set for each x dtype accepted */
+} qk_woq_kernel;
+
+extern const qk_woq_kernel qk_woq_kernels[];
+extern const size_t qk_woq_num_kernels;
+
+/* Bytes of the packed weight for (N, K) in layout (nr, kr). */
+size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr);
+
+/* Packs w (N x K int8, rows ldw bytes apart) into out (packed_size bytes). */
+void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
+                 uint32_t kr, int8_t* out);
+
+/*
+ * Runs kernel `kern` over the whole problem with OpenMP threads.
+ * Row m of x is at x + (x_offsets ? x_offsets[m] : m * x_stride) bytes.
+ * Threads split N (and M for large M); every output element is computed by
+ * one kernel call over the whole of K, so the result does not depend on
+ * num_threads (<= 0: the OpenMP default).  Returns QK_OK or an error code.
+ */
+int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
+                qk_dtype dt, const char* x, int64_t x_stride,
+                const int64_t* x_offsets, const int8_t* packed,
+                const float* scale, const float* bias, char* y,
+                int64_t y_stride, int num_threads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QKERN_WOQ_H */

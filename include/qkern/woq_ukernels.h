@@ -1,0 +1,25 @@
+/*
+ * qkern/woq_ukernels.h -- every WoQ micro-kernel, declared once.
+ * Name: qk_woq_<compute>_gemm_ukernel_<MR>x<NR>c<KR>__<isa>, defined in
+ * src/woq/<compute>-gemm-x<NR>c<KR>-<isa>.c (or -ref.c).
+ */
+#ifndef QKERN_WOQ_UKERNELS_H
+#define QKERN_WOQ_UKERNELS_H
+
+#include "qkern/woq.h"
+
+#define QK_DECLARE_UKERNEL(NAME)                                              \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* const* a,            \
+            qk_dtype dt, const int8_t* w, const float* scale,                 \
+            const float* bias, void* c, ptrdiff_t c_stride);
+
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__ref)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__ref)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x16c1__avx2)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__avx2)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
+
+#endif /* QKERN_WOQ_UKERNELS_H */

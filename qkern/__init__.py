@@ -1,0 +1,12 @@
+"""qkern: quantized kernels for NumPy.
+
+Public API only; see the documentation for semantics.
+"""
+
+from qkern.dispatch import ISA_LEVELS, cpu_features, kernels
+from qkern.woq import WoqLinear, weight_int8pack_mm
+
+__version__ = "0.1.0"
+
+__all__ = ["ISA_LEVELS", "WoqLinear", "cpu_features", "kernels", "weight_int8pack_mm",
+           "__version__"]

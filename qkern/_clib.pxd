@@ -1,0 +1,60 @@
+# Declarations of the C contract (include/qkern/*.h) used by the Cython layer.
+from libc.stdint cimport int8_t, int64_t, uint32_t
+
+
+cdef extern from "qkern/cpu.h":
+    ctypedef struct qk_cpu_features:
+        int avx2
+        int fma
+        int f16c
+        int avx512f
+        int avx512bw
+        int avx512vl
+        int avx512_bf16
+        int avx512_fp16
+        int avx512_vnni
+        int amx_tile
+        int amx_bf16
+        int amx_int8
+
+    void qk_cpu_detect(qk_cpu_features* out) nogil
+
+
+cdef extern from "qkern/woq.h":
+    ctypedef enum qk_dtype:
+        QK_F32
+        QK_F16
+        QK_BF16
+
+    ctypedef enum qk_isa:
+        pass
+
+    enum:
+        QK_OK
+        QK_ERR_ARG
+        QK_ERR_NOMEM
+
+    ctypedef void (*qk_woq_ukernel_fn)(size_t, size_t, size_t, const void* const*, qk_dtype,
+                                       const int8_t*, const float*, const float*, void*,
+                                       Py_ssize_t) noexcept nogil
+
+    ctypedef struct qk_woq_kernel:
+        const char* name
+        qk_woq_ukernel_fn fn
+        qk_isa isa
+        uint32_t mr
+        uint32_t nr
+        uint32_t kr
+        uint32_t dtypes
+
+    const qk_woq_kernel qk_woq_kernels[]
+    const size_t qk_woq_num_kernels
+
+    size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) nogil
+    void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
+                     uint32_t kr, int8_t* out) nogil
+    int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
+                    qk_dtype dt, const char* x, int64_t x_stride,
+                    const int64_t* x_offsets, const int8_t* packed,
+                    const float* scale, const float* bias, char* y,
+                    int64_t y_stride, int num_threads) nogil

@@ -1,0 +1,70 @@
+"""Thin Cython layer over the WoQ GEMM C API (include/qkern/woq.h).
+
+No policy lives here: arguments arrive validated by :mod:`qkern.woq`;
+this module turns arrays into pointers, releases the GIL and calls C.
+"""
+cimport numpy as cnp
+from libc.stdint cimport int8_t, int64_t, uint32_t
+
+from qkern._clib cimport (QK_OK, qk_dtype, qk_woq_gemm, qk_woq_kernel, qk_woq_kernels,
+                          qk_woq_num_kernels, qk_woq_pack, qk_woq_packed_size)
+
+cnp.import_array()
+
+
+def registry():
+    """The C kernel registry as a list of (name, isa, mr, nr, kr, dtype_mask)."""
+    cdef size_t i
+    out = []
+    for i in range(qk_woq_num_kernels):
+        e = &qk_woq_kernels[i]
+        out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes))
+    return out
+
+
+def packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr):
+    """Bytes of an (n, k) weight packed in layout (nr, kr)."""
+    return qk_woq_packed_size(n, k, nr, kr)
+
+
+def pack(const int8_t[:, ::1] w, uint32_t nr, uint32_t kr, int8_t[::1] out):
+    """Pack a C-contiguous (N, K) int8 weight into ``out`` (packed_size bytes)."""
+    cdef size_t n = w.shape[0], k = w.shape[1]
+    if <size_t>out.shape[0] != qk_woq_packed_size(n, k, nr, kr):
+        raise ValueError("packed buffer has the wrong size")
+    cdef const int8_t* src = &w[0, 0] if n * k else NULL
+    cdef int8_t* dst = &out[0] if out.shape[0] else NULL
+    with nogil:
+        if dst != NULL:
+            qk_woq_pack(src, k, n, k, nr, kr, dst)
+
+
+def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
+         int64_t x_stride, cnp.ndarray x_offsets, cnp.ndarray packed,
+         const float[::1] scale, cnp.ndarray bias, cnp.ndarray y, int64_t y_stride,
+         int num_threads):
+    """Run registry kernel ``index`` over the whole problem.
+
+    ``x`` and ``y`` point at element (0, 0); row m of x is at byte offset
+    ``x_offsets[m]`` (int64 array) or ``m * x_stride`` (``x_offsets`` None);
+    row m of y at ``m * y_stride``.  ``bias`` is a float32 array or None.
+    """
+    if index >= qk_woq_num_kernels:
+        raise IndexError("no such kernel")
+    cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
+    cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
+    cdef const int64_t* offs = NULL
+    if x_offsets is not None:
+        offs = <const int64_t*>cnp.PyArray_DATA(x_offsets)
+    cdef const float* bp = NULL
+    if bias is not None:
+        bp = <const float*>cnp.PyArray_DATA(bias)
+    cdef const float* sp = &scale[0]
+    cdef const int8_t* wp = <const int8_t*>cnp.PyArray_DATA(packed)
+    cdef char* yp = <char*>cnp.PyArray_DATA(y)
+    cdef int status
+    with nogil:
+        status = qk_woq_gemm(kern, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
+                             yp, y_stride, num_threads)
+    if status != QK_OK:
+        raise RuntimeError(f"qk_woq_gemm({kern.name.decode()}) failed with status {status}")

@@ -1,0 +1,190 @@
+"""CPU features, the ISA cap, the kernel registry as seen from Python, and
+the choice of a kernel for a problem.
+
+Detection runs once, when this module is imported.  ``QKERN_ISA`` caps the
+ISA level (``ref < avx2 < avx512 < avx512_bf16 < amx``); asking for a level
+this CPU cannot run raises at import.  ``QKERN_VERBOSE=1`` logs every kernel
+choice to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+
+from qkern import _cpu, _woq
+from qkern._dtypes import DTYPE_CODES, dtype_name
+
+ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
+
+# Features each ISA level needs (cumulative: a level needs all below it).
+_ISA_REQUIRES = {
+    "ref": (),
+    "avx2": ("avx2", "fma", "f16c"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl"),
+    "avx512_bf16": ("avx512_bf16",),
+    "amx": ("amx_tile", "amx_bf16"),
+}
+
+_FEATURES = _cpu.detect()
+
+
+def cpu_features() -> dict:
+    """Instruction-set features of this CPU that the OS lets qkern use.
+
+    Detected once at import from cpuid and XCR0. AMX features are reported
+    only after the Linux kernel granted this process the AMX tile state.
+
+    Returns
+    -------
+    dict
+        ``{name: bool}`` for ``avx2``, ``fma``, ``f16c``, ``avx512f``,
+        ``avx512bw``, ``avx512vl``, ``avx512_bf16``, ``avx512_fp16``,
+        ``avx512_vnni``, ``amx_tile``, ``amx_bf16``, ``amx_int8``.
+
+    Examples
+    --------
+    >>> import qkern
+    >>> sorted(qkern.cpu_features())[:3]
+    ['amx_bf16', 'amx_int8', 'amx_tile']
+    """
+    return dict(_FEATURES)
+
+
+def _cpu_level() -> int:
+    level = 0
+    for i, name in enumerate(ISA_LEVELS):
+        if all(_FEATURES[f] for f in _ISA_REQUIRES[name]):
+            level = i
+        else:
+            break
+    return level
+
+
+def _isa_cap() -> int:
+    cpu = _cpu_level()
+    asked = os.environ.get("QKERN_ISA", "").strip().lower()
+    if not asked:
+        return cpu
+    if asked not in ISA_LEVELS:
+        raise ValueError(f"QKERN_ISA={asked!r} is not one of {', '.join(ISA_LEVELS)}")
+    level = ISA_LEVELS.index(asked)
+    if level > cpu:
+        raise RuntimeError(
+            f"QKERN_ISA={asked!r} asks for an ISA this CPU (or OS) cannot run; "
+            f"the highest here is {ISA_LEVELS[cpu]!r}"
+        )
+    return level
+
+
+CPU_ISA = ISA_LEVELS[_cpu_level()]
+ISA_CAP = ISA_LEVELS[_isa_cap()]
+_VERBOSE = os.environ.get("QKERN_VERBOSE", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One entry of the C kernel registry.
+
+    Attributes
+    ----------
+    name : str
+        ``<compute>_gemm_<MR>x<NR>c<KR>__<isa>``, as the C function is named.
+    isa : str
+        ISA level the kernel needs (see :data:`ISA_LEVELS`).
+    mr, nr, kr : int
+        Rows per call, columns per packed panel, k values per packed group.
+    dtypes : tuple of str
+        Activation dtypes the kernel accepts.
+    available : bool
+        Whether this CPU, under ``QKERN_ISA``, may run it.
+    index : int
+        Position in the C registry.
+    """
+
+    name: str
+    isa: str
+    mr: int
+    nr: int
+    kr: int
+    dtypes: tuple
+    available: bool
+    index: int
+
+    @property
+    def layout(self) -> tuple:
+        """The packed-weight layout ``(nr, kr)`` the kernel reads."""
+        return (self.nr, self.kr)
+
+
+def _load_registry() -> tuple:
+    cap = ISA_LEVELS.index(ISA_CAP)
+    out = []
+    for index, (name, isa, mr, nr, kr, mask) in enumerate(_woq.registry()):
+        dtypes = tuple(n for n, code in DTYPE_CODES.items() if mask & (1 << code))
+        out.append(Kernel(name, ISA_LEVELS[isa], mr, nr, kr, dtypes, isa <= cap, index))
+    return tuple(out)
+
+
+REGISTRY = _load_registry()
+
+
+def kernels() -> list:
+    """The WoQ GEMM kernel registry.
+
+    Returns
+    -------
+    list of Kernel
+        Every kernel this build contains, in registry order, with
+        ``available`` telling whether it may run here.
+
+    Examples
+    --------
+    >>> import qkern
+    >>> ref = qkern.kernels()[0]
+    >>> ref.isa, ref.available
+    ('ref', True)
+    """
+    return list(REGISTRY)
+
+
+def get_kernel(name: str) -> Kernel:
+    """The registry entry called ``name``; ValueError if unknown or not runnable here."""
+    for k in REGISTRY:
+        if k.name == name:
+            if not k.available:
+                raise ValueError(
+                    f"kernel {name!r} needs ISA {k.isa!r}, above this process's cap {ISA_CAP!r}"
+                )
+            return k
+    raise ValueError(f"no kernel named {name!r}; see qkern.kernels()")
+
+
+def choose_layout(dtype) -> tuple:
+    """The packed layout ``(nr, kr)`` of the best kernels for ``dtype`` here."""
+    return choose_kernel(dtype, 1).layout
+
+
+def choose_kernel(dtype, m: int, layout: tuple | None = None) -> Kernel:
+    """Pick the kernel for an (m x K) @ (K x N) problem in ``dtype``.
+
+    The highest available ISA that accepts ``dtype`` (and, when given, reads
+    ``layout``) wins; within it, the widest MR when ``m`` fills at least half
+    of it, else the narrowest.
+    """
+    name = dtype_name(dtype)
+    cands = [k for k in REGISTRY if k.available and name in k.dtypes
+             and (layout is None or k.layout == tuple(layout))]
+    if not cands:
+        raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
+    top = max(ISA_LEVELS.index(k.isa) for k in cands)
+    cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
+    wide = cands[-1]
+    kern = wide if 2 * m >= wide.mr else cands[0]
+    if _VERBOSE:
+        print(f"qkern: using {kern.name} for dtype={name} m={m}", file=sys.stderr)
+    return kern
+
+

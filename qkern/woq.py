@@ -1,0 +1,308 @@
+"""int8 weight-only-quantized GEMM: argument checking, packing, dispatch.
+
+``y[..., n] = (sum_k x[..., k] * w[n, k]) * scales[n] + bias[n]`` with fp32
+accumulation and a single rounding to the dtype of ``x`` (docs/semantics.rst).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qkern import _woq
+from qkern._dtypes import dtype_code, dtype_name
+from qkern.dispatch import Kernel, choose_kernel, choose_layout, get_kernel
+
+__all__ = ["weight_int8pack_mm", "WoqLinear"]
+
+_ALIGN = 64
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + _ALIGN, dtype=np.int8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start:start + nbytes]
+
+
+def _check_array(name: str, a, ndim: int | None = None) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {a.shape}")
+    return a
+
+
+def _check_weight(w) -> np.ndarray:
+    w = _check_array("w", w, 2)
+    if w.dtype != np.int8:
+        raise TypeError(f"w: expected dtype int8, got {w.dtype}")
+    if not w.flags.c_contiguous:
+        raise ValueError("w: expected a C-contiguous (N, K) array, got a strided view; "
+                         "pass np.ascontiguousarray(w)")
+    return w
+
+
+def _check_vector(name: str, v, n: int, dtype) -> np.ndarray:
+    v = _check_array(name, v, 1)
+    if v.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the dtype of x), got {v.dtype}")
+    if v.shape[0] != n:
+        raise ValueError(f"{name}: expected shape ({n},) to match w's N, got {v.shape}")
+    return v
+
+
+def _padded_f32(v: np.ndarray | None, nr: int) -> np.ndarray | None:
+    if v is None:
+        return None
+    n = v.shape[0]
+    out = np.zeros(-(-n // nr) * nr if n else nr, dtype=np.float32)
+    out[:n] = v
+    return out
+
+
+def _row_stride(shape: tuple, strides: tuple):
+    """Stride s with row i (C order over ``shape``) at byte i*s, or None."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    for (_, s0), (n1, s1) in zip(dims, dims[1:]):
+        if s0 != s1 * n1:
+            return None
+    return dims[-1][1] if dims else 0
+
+
+def _x_rows(x: np.ndarray):
+    """(array, row stride or 0, row offsets or None) addressing the rows of x.
+
+    Only an x whose last axis is not unit-stride is copied; rows spread over
+    leading axes that do not collapse to one stride are addressed through an
+    int64 offset table instead.
+    """
+    if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+        x = np.ascontiguousarray(x)
+    lead_shape, lead_strides = x.shape[:-1], x.strides[:-1]
+    stride = _row_stride(lead_shape, lead_strides)
+    if stride is not None:
+        return x, stride, None
+    offsets = np.zeros(lead_shape, dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(lead_shape, lead_strides)):
+        shape = [1] * len(lead_shape)
+        shape[axis] = n
+        offsets += (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return x, 0, offsets.ravel()
+
+
+def _check_out(out, shape: tuple, dtype, inputs: tuple):
+    out = _check_array("out", out)
+    if out.shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {out.shape}")
+    if out.dtype != dtype:
+        raise TypeError(f"out: expected dtype {np.dtype(dtype)} (the dtype of x), got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out: the array is read-only")
+    stride = _row_stride(shape[:-1], out.strides[:-1])
+    if (shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None:
+        raise ValueError("out: expected unit stride along the last axis and rows one "
+                         f"stride apart, got strides {out.strides}")
+    for name, a in inputs:
+        if a is not None and np.shares_memory(out, a):
+            raise ValueError(f"out: overlaps {name}")
+    return out, stride
+
+
+def _check_threads(num_threads) -> int:
+    if num_threads is None:
+        return 0
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
+        raise TypeError(f"num_threads: expected an int or None, got {type(num_threads).__name__}")
+    if num_threads < 1:
+        raise ValueError(f"num_threads: expected >= 1, got {num_threads}")
+    return int(num_threads)
+
+
+def _pack(w: np.ndarray, layout: tuple) -> np.ndarray:
+    nr, kr = layout
+    packed = _aligned_empty(_woq.packed_size(w.shape[0], w.shape[1], nr, kr))
+    _woq.pack(w, nr, kr, packed)
+    return packed
+
+
+def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
+    nr, kr = layout
+    kp = -(-k // kr) * kr
+    panels = packed.reshape(-1, kp // kr, nr, kr)
+    return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(-1, kp)[:n, :k])
+
+
+def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
+         num_threads, inputs: tuple):
+    """Validate x/out against (n, k) and run ``kern``; returns the output array."""
+    x = _check_array("x", x)
+    if x.ndim < 1:
+        raise ValueError("x: expected shape (..., K), got a 0-d array")
+    if x.shape[-1] != k:
+        raise ValueError(f"x: expected last dimension K={k} (from w), got shape {x.shape}")
+    code = dtype_code(x.dtype)
+    threads = _check_threads(num_threads)
+    shape = x.shape[:-1] + (n,)
+    if out is None:
+        y, y_stride = np.empty(shape, dtype=x.dtype), n * x.itemsize
+    else:
+        y, y_stride = _check_out(out, shape, x.dtype, (("x", x),) + inputs)
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    if m == 0 or n == 0:
+        return y
+    xr, x_stride, offsets = _x_rows(x)
+    _woq.gemm(kern.index, xr, m, n, k, code, x_stride, offsets, w_packed, scale_f32,
+              bias_f32, y, y_stride, threads)
+    return y
+
+
+def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
+    """Matrix product of activations with int8 weights scaled per output channel.
+
+    ``y[..., n] = (sum_k f32(x[..., k]) * f32(w[n, k])) * f32(scales[n]) + f32(bias[n])``,
+    accumulated in fp32 and rounded once to the dtype of ``x``. Same semantics as
+    ``torch._weight_int8pack_mm`` (which has no ``bias``).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Activations, shape ``(..., K)``, dtype float32, float16 or
+        ``ml_dtypes.bfloat16``; any strides (copied only when the last axis
+        is not unit-stride).
+    w : numpy.ndarray
+        int8 weights, shape ``(N, K)``, C-contiguous.
+    scales : numpy.ndarray
+        Per-output-channel scales, shape ``(N,)``, dtype of ``x``.
+    bias : numpy.ndarray, optional
+        Shape ``(N,)``, dtype of ``x``.
+    out : numpy.ndarray, optional
+        Destination, shape ``(..., N)``, dtype of ``x``, unit stride along the
+        last axis, not overlapping any input.
+    num_threads : int, optional
+        OpenMP threads; default: the OpenMP setting (``threadpoolctl`` limits
+        apply). Results are bitwise identical for every value.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(..., N)``, dtype of ``x`` (``out`` when given).
+
+    Notes
+    -----
+    The weight is packed on every call; :class:`WoqLinear` packs it once.
+
+    Examples
+    --------
+    >>> import numpy as np, qkern
+    >>> x = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    >>> w = np.array([[1, 0, -1], [2, 2, 2]], dtype=np.int8)
+    >>> qkern.weight_int8pack_mm(x, w, np.array([0.5, 1.0], dtype=np.float32))
+    array([[-1., 12.]], dtype=float32)
+    """
+    x = _check_array("x", x)
+    dtype_name(x.dtype)
+    w = _check_weight(w)
+    n, k = w.shape
+    scales = _check_vector("scales", scales, n, x.dtype)
+    if bias is not None:
+        bias = _check_vector("bias", bias, n, x.dtype)
+    m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
+    kern = choose_kernel(x.dtype, m)
+    return _run(kern, x, _pack(w, kern.layout), n, k, _padded_f32(scales, kern.nr),
+                _padded_f32(bias, kern.nr), out, num_threads,
+                (("w", w), ("scales", scales), ("bias", bias)))
+
+
+class WoqLinear:
+    """A linear layer with int8 weights packed once, ``y = x @ (w * scales).T + bias``.
+
+    Holds exactly one packed copy of the weight, in the layout of the kernels
+    chosen for this CPU; the caller's ``w`` is not kept.
+
+    Parameters
+    ----------
+    w : numpy.ndarray
+        int8, shape ``(N, K)``, C-contiguous.
+    scales : numpy.ndarray
+        Shape ``(N,)``; its dtype (float32, float16 or bfloat16) is the
+        activation dtype this layer accepts.
+    bias : numpy.ndarray, optional
+        Shape ``(N,)``, dtype of ``scales``.
+    kernel : str, optional
+        Force one registry kernel (see :func:`qkern.kernels`), for testing
+        and benchmarking; default: chosen per call from the batch size.
+
+    Examples
+    --------
+    >>> import numpy as np, qkern
+    >>> w = np.array([[1, 0, -1], [2, 2, 2]], dtype=np.int8)
+    >>> layer = qkern.WoqLinear(w, np.array([0.5, 1.0], dtype=np.float32))
+    >>> layer(np.array([1.0, 2.0, 3.0], dtype=np.float32))
+    array([-1., 12.], dtype=float32)
+    >>> layer.shape
+    (2, 3)
+    """
+
+    def __init__(self, w, scales, bias=None, *, kernel: str | None = None):
+        w = _check_weight(w)
+        n, k = w.shape
+        scales = _check_array("scales", scales, 1)
+        self.dtype = np.dtype(scales.dtype)
+        dtype_name(self.dtype)
+        scales = _check_vector("scales", scales, n, self.dtype)
+        if bias is not None:
+            bias = _check_vector("bias", bias, n, self.dtype)
+        self._forced = get_kernel(kernel) if kernel is not None else None
+        if self._forced is not None and dtype_name(self.dtype) not in self._forced.dtypes:
+            raise ValueError(f"kernel {kernel!r} does not accept dtype {dtype_name(self.dtype)}")
+        self.layout = self._forced.layout if self._forced else choose_layout(self.dtype)
+        self.shape = (n, k)
+        self._scales = scales.copy()
+        self._bias = None if bias is None else bias.copy()
+        self._packed = _pack(w, self.layout)
+        self._scale_f32 = _padded_f32(scales, self.layout[0])
+        self._bias_f32 = _padded_f32(bias, self.layout[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the packed weight plus scales and bias (in both forms)."""
+        held = [self._packed, self._scales, self._bias, self._scale_f32, self._bias_f32]
+        return sum(a.nbytes for a in held if a is not None)
+
+    def kernel_for(self, m: int) -> Kernel:
+        """The kernel a call with ``m`` rows of activations runs."""
+        return self._forced or choose_kernel(self.dtype, m, self.layout)
+
+    def weight(self) -> np.ndarray:
+        """The int8 ``(N, K)`` weight, unpacked (a new array)."""
+        return _unpack(self._packed, *self.shape, self.layout)
+
+    def __call__(self, x, *, out=None, num_threads=None):
+        """Apply the layer to ``x`` of shape ``(..., K)`` and dtype :attr:`dtype`.
+
+        ``out`` and ``num_threads`` are as in :func:`weight_int8pack_mm`.
+        """
+        x = _check_array("x", x)
+        if x.dtype != self.dtype:
+            raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
+        m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
+        n, k = self.shape
+        return _run(self.kernel_for(m), x, self._packed, n, k, self._scale_f32, self._bias_f32,
+                    out, num_threads, (("the layer's weight", self._packed),))
+
+    def __reduce__(self):
+        kernel = self._forced.name if self._forced else None
+        return (_rebuild, (self.weight(), self._scales, self._bias, kernel))
+
+    def __repr__(self) -> str:
+        n, k = self.shape
+        return (f"WoqLinear(N={n}, K={k}, dtype={dtype_name(self.dtype)}, "
+                f"bias={self._bias is not None}, layout=nr{self.layout[0]}c{self.layout[1]})")
+
+
+def _rebuild(w, scales, bias, kernel):
+    # A pickled layer is repacked for the loading machine's kernels; a forced
+    # kernel this machine cannot run falls back to the automatic choice.
+    try:
+        return WoqLinear(w, scales, bias, kernel=kernel)
+    except ValueError:
+        return WoqLinear(w, scales, bias)

@@ -1,0 +1,112 @@
+"""Build qkern: one static library per ISA, then the Cython extensions.
+
+Each ISA's kernels are compiled with that ISA's flags only; everything else
+(drivers, packing, registry, reference kernels, CPU detection) is compiled
+at baseline x86-64 flags, so one build runs on any x86-64 CPU and chooses its
+kernels at run time.  The compiler is probed for each ISA; an ISA it cannot
+build is left out of the registry (QKERN_HAVE_<ISA> undefined), never a
+build failure.
+"""
+
+import os
+import tempfile
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools._distutils.ccompiler import new_compiler
+from setuptools._distutils.errors import CompileError
+from setuptools._distutils.sysconfig import customize_compiler
+
+# -ffp-contract=off: scale (multiply) and bias (add) stay two roundings, as
+# specified, in every kernel and at every MR.
+COMMON_CFLAGS = ["-O3", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall"]
+INCLUDE = ["include"]
+
+# (library, macro, flags, probe statement, sources)
+ISA_LIBRARIES = [
+    (
+        "qkern_avx2",
+        "QKERN_HAVE_AVX2",
+        ["-mavx2", "-mfma", "-mf16c"],
+        "__m256 v = _mm256_fmadd_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(2.f), _mm256_setzero_ps()); (void)v;",
+        ["src/woq/f32-gemm-x16c1-avx2.c"],
+    ),
+    (
+        "qkern_avx512",
+        "QKERN_HAVE_AVX512",
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c"],
+        "__m256i h = _mm512_cvtepi32_epi16(_mm512_set1_epi32(1)); (void)h;",
+        ["src/woq/f32-gemm-x32c2-avx512.c"],
+    ),
+    (
+        "qkern_avx512bf16",
+        "QKERN_HAVE_AVX512_BF16",
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"],
+        "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())); (void)v;",
+        ["src/woq/bf16-gemm-x32c2-avx512bf16.c"],
+    ),
+]
+
+BASE_SOURCES = [
+    "src/cpu/cpu_detect.c",
+    "src/woq/woq_pack.c",
+    "src/woq/woq_driver.c",
+    "src/woq/woq_registry.c",
+    "src/woq/f32-gemm-ref.c",
+]
+
+
+def compiler_accepts(flags, statement):
+    """Whether the C compiler builds `statement` with `flags`."""
+    cc = new_compiler()
+    customize_compiler(cc)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write("#include <immintrin.h>\nvoid probe(void) { %s }\n" % statement)
+        try:
+            cc.compile([src], output_dir=tmp, extra_postargs=COMMON_CFLAGS + flags)
+        except CompileError:
+            return False
+    return True
+
+
+def libraries():
+    built = [(lib, macro, flags, srcs) for lib, macro, flags, stmt, srcs in ISA_LIBRARIES
+             if compiler_accepts(flags, stmt)]
+    macros = [(macro, "1") for _, macro, _, _ in built]
+    base = ("qkern_base", {
+        "sources": BASE_SOURCES,
+        "include_dirs": INCLUDE,
+        "macros": macros,
+        "cflags": COMMON_CFLAGS + ["-fopenmp"],
+    })
+    isa = [(lib, {"sources": srcs, "include_dirs": INCLUDE, "cflags": COMMON_CFLAGS + flags})
+           for lib, _, flags, srcs in built]
+    return [base] + isa
+
+
+def extension(name):
+    return Extension(
+        f"qkern.{name}",
+        sources=[f"qkern/{name}.pyx"],
+        include_dirs=INCLUDE + [numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+        extra_compile_args=["-O2", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+    )
+
+
+setup(
+    libraries=libraries(),
+    ext_modules=cythonize(
+        [extension("_cpu"), extension("_woq")],
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+        },
+    ),
+)

@@ -1,0 +1,72 @@
+/*
+ * scalar-convert.h -- portable scalar conversions between f32 and the
+ * 16-bit element types (no ISA instructions; compiled at any flags).
+ *
+ * f32 -> bf16 and f32 -> f16 round to nearest, ties to even; NaN stays NaN
+ * (quiet), infinities and signed zeros are kept, overflow gives infinity.
+ */
+#ifndef QKERN_SCALAR_CONVERT_H
+#define QKERN_SCALAR_CONVERT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "qkern/woq.h"
+
+static inline float qk_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t qk_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float qk_f16_to_f32(uint16_t h) {
+  _Float16 v;
+  memcpy(&v, &h, 2);
+  return (float)v;
+}
+
+static inline uint16_t qk_f32_to_f16(float f) {
+  _Float16 v = (_Float16)f;
+  uint16_t h;
+  memcpy(&h, &v, 2);
+  return h;
+}
+
+/* Element k of a row of dtype dt, as f32 (exact for every dtype). */
+static inline float qk_load_as_f32(const void* row, size_t k, qk_dtype dt) {
+  switch (dt) {
+    case QK_F16:
+      return qk_f16_to_f32(((const uint16_t*)row)[k]);
+    case QK_BF16:
+      return qk_bf16_to_f32(((const uint16_t*)row)[k]);
+    default:
+      return ((const float*)row)[k];
+  }
+}
+
+/* Stores f32 v as element n of a row of dtype dt (one rounding). */
+static inline void qk_store_from_f32(void* row, size_t n, qk_dtype dt, float v) {
+  switch (dt) {
+    case QK_F16:
+      ((uint16_t*)row)[n] = qk_f32_to_f16(v);
+      break;
+    case QK_BF16:
+      ((uint16_t*)row)[n] = qk_f32_to_bf16(v);
+      break;
+    default:
+      ((float*)row)[n] = v;
+  }
+}
+
+static inline size_t qk_dtype_size(qk_dtype dt) { return dt == QK_F32 ? 4 : 2; }
+
+#endif /* QKERN_SCALAR_CONVERT_H */
