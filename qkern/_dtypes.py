@@ -10,14 +10,14 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _BY_DTYPE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", bfloat16: "bfloat16"}
 
 
-def dtype_name(dtype) -> str:
-    """Canonical name of a supported activation dtype; TypeError otherwise."""
+def dtype_name(dtype, arg: str = "x") -> str:
+    """Canonical name of a supported activation dtype; TypeError naming ``arg`` otherwise."""
     try:
         dt = np.dtype(dtype)
     except TypeError:
         dt = None
     if dt not in _BY_DTYPE:
-        raise TypeError(f"expected dtype float32, float16 or bfloat16, got {dtype}")
+        raise TypeError(f"{arg}: expected dtype float32, float16 or bfloat16, got {dtype}")
     return _BY_DTYPE[dt]
 
 

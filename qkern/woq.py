@@ -247,7 +247,7 @@ class WoqLinear:
         n, k = w.shape
         scales = _check_array("scales", scales, 1)
         self.dtype = np.dtype(scales.dtype)
-        dtype_name(self.dtype)
+        dtype_name(self.dtype, "scales")
         scales = _check_vector("scales", scales, n, self.dtype)
         if bias is not None:
             bias = _check_vector("bias", bias, n, self.dtype)
@@ -287,7 +287,7 @@ class WoqLinear:
         m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
         n, k = self.shape
         return _run(self.kernel_for(m), x, self._packed, n, k, self._scale_f32, self._bias_f32,
-                    out, num_threads, (("the layer's weight", self._packed),))
+                    out, num_threads, ())
 
     def __reduce__(self):
         kernel = self._forced.name if self._forced else None

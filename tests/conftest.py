@@ -1,0 +1,35 @@
+"""Shared fixtures: hypothesis profiles and the kernels this process may run."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import qkern
+
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("QKERN_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_report_header(config):
+    from qkern import dispatch
+    avail = [k.name for k in qkern.kernels() if k.available]
+    return [f"qkern: CPU ISA {dispatch.CPU_ISA}, cap {dispatch.ISA_CAP} "
+            f"(QKERN_ISA={os.environ.get('QKERN_ISA', '')!r})",
+            f"qkern kernels available: {', '.join(avail)}"]
+
+
+def kernel_params():
+    """Every registry kernel, as pytest params; those above the ISA cap are skipped."""
+    out = []
+    for k in qkern.kernels():
+        marks = () if k.available else pytest.mark.skip(
+            reason=f"{k.name} needs ISA {k.isa}, above this process's cap "
+                   f"{qkern.dispatch.ISA_CAP} (CPU or QKERN_ISA)")
+        out.append(pytest.param(k, id=k.name, marks=marks))
+    return out

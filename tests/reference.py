@@ -1,0 +1,97 @@
+"""NumPy float64 reference for the int8 WoQ GEMM and its error bound.
+
+Error analysis (u = 2**-24, the unit roundoff of fp32)
+------------------------------------------------------
+Let S = sum_k |x_k * w_k| over the *dtype-rounded* inputs, s the scale, b the
+bias, and y* = (sum_k x_k w_k) * s + b evaluated exactly (float64 is exact
+enough: every product has <= 24 + 8 significant bits and K is small).
+
+1. Products.  A bf16 or fp16 x times an int8 w is exact in fp32 (at most
+   8 + 8 resp. 11 + 8 significant bits).  An fp32 x times w is rounded once
+   (relative u) unless the kernel fuses it into an FMA.
+2. Accumulation of K terms in fp32, in any order (sequential, two partial
+   sums per column, a vdpbf16ps pair tree):  |acc - sum| <= gamma_{K+1} * S,
+   gamma_n = n u / (1 - n u); the extra +1 covers step 1 for fp32 x.
+3. Epilogue.  t = fl(acc * s) adds u |acc s|; v = fl(t + b) adds u |t + b|.
+   With |acc| <= S (1 + gamma), both are <= u (|s| S + |b|) up to O(u^2),
+   so |v - y*| <= (gamma_{K+1} + 2u) |s| S + u |b|, times (1 + 4u) for the
+   second-order terms.
+4. One rounding to the output dtype: at most u_out |v| (u_out = 2**-8 for
+   bf16, 2**-11 for fp16, 0 for fp32) in the normal range, plus half the
+   smallest subnormal of that dtype below it.
+5. vdpbf16ps and AMX tdpbf16ps (kernels named bf16_*) treat subnormal bf16
+   inputs as zero and flush subnormal results (DAZ/FTZ): each of the K
+   products loses at most 2**-126 * 128 and each of the <= K steps at most
+   2**-126, i.e. an absolute K * 129 * 2**-126 * |s| more.
+
+Outside the output dtype's finite range the result is +-inf (or NaN from
+inf - inf), as IEEE arithmetic gives; `assert_woq_close` accepts inf only
+where y* is within the bound of overflowing.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BF16)
+U32 = 2.0**-24
+U_OUT = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}
+HALF_MIN_SUBNORMAL = {np.dtype(np.float32): 2.0**-150, np.dtype(np.float16): 2.0**-25,
+                      BF16: 2.0**-134}
+MAX_FINITE = {np.dtype(np.float32): float(np.finfo(np.float32).max),
+              np.dtype(np.float16): 65504.0, BF16: float(ml_dtypes.finfo(BF16).max)}
+
+
+def woq_reference(x, w, scales, bias=None):
+    """Exact y* = (x @ w.T) * scales + bias in float64 (shape (..., N))."""
+    x64 = np.asarray(x).astype(np.float64)
+    acc = x64 @ np.asarray(w).astype(np.float64).T
+    y = acc * np.asarray(scales).astype(np.float64)
+    if bias is not None:
+        y = y + np.asarray(bias).astype(np.float64)
+    return y
+
+
+def woq_bound(x, w, scales, bias, dtype, daz: bool):
+    """Elementwise bound on |y - y*| from the analysis in the module docstring."""
+    dtype = np.dtype(dtype)
+    k = np.asarray(w).shape[1]
+    s = np.abs(np.asarray(scales).astype(np.float64))
+    big_s = np.abs(np.asarray(x).astype(np.float64)) @ np.abs(np.asarray(w).astype(np.float64)).T
+    gamma = (k + 1) * U32 / (1 - (k + 1) * U32)
+    b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
+    e32 = ((gamma + 2 * U32) * s * big_s + U32 * b) * (1 + 4 * U32)
+    if daz:
+        e32 = e32 + k * 129 * 2.0**-126 * s
+    y_abs = np.abs(woq_reference(x, w, scales, bias))
+    return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
+
+
+def assert_woq_close(y, x, w, scales, bias=None, *, daz=False):
+    """Assert y (dtype of x) is within `woq_bound` of the exact result.
+
+    NaN passes only where the float64 reference is NaN; inf only where the
+    reference is within the bound of the dtype's overflow threshold.
+    """
+    dtype = np.dtype(np.asarray(x).dtype)
+    assert y.dtype == dtype, (y.dtype, dtype)
+    ref = woq_reference(x, w, scales, bias)
+    assert y.shape == ref.shape, (y.shape, ref.shape)
+    y64 = y.astype(np.float64)
+    tol = woq_bound(x, w, scales, bias, dtype, daz)
+    ref_nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(y64), ref_nan), "NaN where the reference has none (or vice versa)"
+    finite = np.isfinite(y64) & ~ref_nan
+    err = np.abs(y64[finite] - ref[finite])
+    bad = err > tol[finite]
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} elements outside the bound; worst excess "
+        f"{(err - tol[finite]).max():.3g}, at ref {ref[finite][np.argmax(err - tol[finite])]!r}")
+    inf = np.isinf(y64) & ~ref_nan
+    if inf.any():
+        # An overflow must be one the bound allows, with the reference's sign.
+        reachable = np.abs(ref[inf]) + tol[inf] >= MAX_FINITE[dtype]
+        assert reachable.all(), "inf where the exact result is far from overflow"
+        assert (np.sign(y64[inf]) == np.sign(ref[inf])).all() or np.isinf(ref[inf]).all()

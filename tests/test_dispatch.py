@@ -1,0 +1,125 @@
+"""CPU features, the QKERN_ISA cap, the registry and the kernel choice."""
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qkern
+from qkern import dispatch
+
+FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+            "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _python(code, **env):
+    full = dict(os.environ)
+    full.pop("QKERN_ISA", None)
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full)
+
+
+def test_cpu_features_keys_and_consistency():
+    f = qkern.cpu_features()
+    assert set(f) == set(FEATURES)
+    assert all(isinstance(v, bool) for v in f.values())
+    if f["avx512bw"] or f["avx512vl"]:
+        assert f["avx512f"]
+    if f["amx_bf16"] or f["amx_int8"]:
+        assert f["amx_tile"]
+    f["avx2"] = not f["avx2"]
+    assert qkern.cpu_features()["avx2"] != f["avx2"], "cpu_features() must return a copy"
+
+
+def test_cpu_features_match_proc_cpuinfo():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next(line for line in fh if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags line on this system")
+    f = qkern.cpu_features()
+    for name, flag in [("avx2", "avx2"), ("fma", "fma"), ("f16c", "f16c"),
+                       ("avx512f", "avx512f"), ("avx512bw", "avx512bw"),
+                       ("avx512_bf16", "avx512_bf16"), ("avx512_vnni", "avx512_vnni"),
+                       ("amx_bf16", "amx_bf16")]:
+        assert f[name] == (flag in flags), name
+
+
+def test_registry_entries():
+    ks = qkern.kernels()
+    names = [k.name for k in ks]
+    assert len(set(names)) == len(names)
+    assert ks[0].isa == "ref" and ks[0].available
+    for k in ks:
+        assert k.isa in qkern.ISA_LEVELS
+        assert k.name.endswith("__" + k.isa.replace("_", ""))
+        assert f"_{k.mr}x{k.nr}c{k.kr}__" in k.name
+        assert k.dtypes and set(k.dtypes) <= {"float32", "float16", "bfloat16"}
+        assert k.available == (qkern.ISA_LEVELS.index(k.isa)
+                               <= qkern.ISA_LEVELS.index(dispatch.ISA_CAP))
+    for layout in {k.layout for k in ks}:
+        assert any(k.isa == "ref" and k.layout == layout for k in ks), \
+            f"layout {layout} has no reference kernel"
+
+
+def test_each_cpu_isa_has_its_kernels():
+    levels = qkern.ISA_LEVELS[:qkern.ISA_LEVELS.index(dispatch.CPU_ISA) + 1]
+    built = {k.isa for k in qkern.kernels()}
+    for level in levels:
+        if level != "amx":
+            assert level in built, f"this CPU runs {level} but the build has no {level} kernel"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_choice_is_highest_available_isa(dtype):
+    for m in (1, 2, 7, 64, 1000):
+        kern = dispatch.choose_kernel(np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype), m)
+        assert kern.available and dtype in kern.dtypes
+        best = max(qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
+                   if k.available and dtype in k.dtypes)
+        assert qkern.ISA_LEVELS.index(kern.isa) == best
+
+
+def test_isa_cap_bad_value_is_a_clear_error():
+    r = _python("import qkern", QKERN_ISA="sse9")
+    assert r.returncode != 0
+    assert "QKERN_ISA='sse9' is not one of ref, avx2, avx512, avx512_bf16, amx" in r.stderr
+
+
+def test_isa_cap_above_cpu_is_a_clear_error():
+    if dispatch.CPU_ISA == qkern.ISA_LEVELS[-1]:
+        pytest.skip("this CPU runs every ISA level; no level is above it")
+    above = qkern.ISA_LEVELS[qkern.ISA_LEVELS.index(dispatch.CPU_ISA) + 1]
+    r = _python("import qkern", QKERN_ISA=above)
+    assert r.returncode != 0 and "asks for an ISA this CPU (or OS) cannot run" in r.stderr
+
+
+def test_isa_cap_ref_limits_registry():
+    r = _python("import qkern; print(sorted({k.isa for k in qkern.kernels() if k.available}))",
+                QKERN_ISA="ref")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['ref']"
+
+
+def test_forcing_a_kernel_above_the_cap_is_refused():
+    code = ("import numpy as np, qkern\n"
+            "k = [k for k in qkern.kernels() if k.isa != 'ref'][0]\n"
+            "try:\n"
+            "    qkern.WoqLinear(np.ones((2, 2), np.int8), np.ones(2, np.float32), kernel=k.name)\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    r = _python(code, QKERN_ISA="ref")
+    assert r.returncode == 0, r.stderr
+    assert "above this process's cap 'ref'" in r.stdout
+
+
+def test_verbose_logs_the_choice():
+    code = ("import numpy as np, qkern\n"
+            "qkern.weight_int8pack_mm(np.ones((1, 4), np.float32), np.ones((2, 4), np.int8),"
+            " np.ones(2, np.float32))\n")
+    r = _python(code, QKERN_VERBOSE="1")
+    assert r.returncode == 0, r.stderr
+    assert "qkern: using " in r.stderr and "dtype=float32 m=1" in r.stderr

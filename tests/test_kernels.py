@@ -1,0 +1,134 @@
+"""Kernel tester: every registry kernel against the float64 reference.
+
+For each kernel this process may run, sweep the edges of its tile
+(k < kr, k == kr, k > kr, k % kr != 0, partial m and n tiles, M = N = K = 1),
+every dtype it accepts, strided x and strided (sub-view) output, with the
+output poisoned before the call and checked to be fully written (and nothing
+outside it touched).  The bound is derived in tests/reference.py.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import qkern
+from conftest import kernel_params
+from reference import DTYPES, assert_woq_close
+
+POISON = np.nan
+
+
+def _data(rng, m, n, k, dtype, bias=True):
+    x = (rng.standard_normal((m, k)) * 4).astype(dtype)
+    w = rng.integers(-128, 128, size=(n, k), dtype=np.int8)
+    if w.size:
+        w.flat[0] = -128
+        w.flat[-1] = 127
+    s = rng.uniform(0.001, 0.02, n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+    return x, w, s, b
+
+
+def _sweep(kern):
+    ks = sorted({1, max(kern.kr - 1, 1), kern.kr, kern.kr + 1, 2 * kern.kr + 1, 17, 64, 255})
+    ms = sorted({1, max(kern.mr - 1, 1), kern.mr, kern.mr + 1, 2 * kern.mr + 3})
+    ns = sorted({1, kern.nr - 1, kern.nr, kern.nr + 1, 2 * kern.nr + 5})
+    return ks, ms, ns
+
+
+def _run_poisoned(layer, x, n, rng):
+    """Run into a poisoned sub-view of a larger buffer; check fill and margins."""
+    m = x.shape[0]
+    big = np.full((m + 2, n + 7), POISON, dtype=x.dtype)
+    out = big[1:1 + m, 3:3 + n]
+    res = layer(x, out=out)
+    assert res is out
+    margin = big.copy()
+    margin[1:1 + m, 3:3 + n] = 0
+    assert np.isnan(margin.astype(np.float64)).sum() == big.size - m * n, "wrote outside out"
+    assert not np.isnan(out.astype(np.float64)).any(), "left an output element unwritten"
+    return out
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_tile_edges(kern):
+    rng = np.random.default_rng(1)
+    ks, ms, ns = _sweep(kern)
+    daz = kern.name.startswith("bf16_")
+    for dtype in DTYPES:
+        if dtype.name not in kern.dtypes:
+            continue
+        for m, n, k in itertools.product(ms, ns, ks):
+            x, w, s, b = _data(rng, m, n, k, dtype, bias=(m + n + k) % 2 == 0)
+            layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+            y = _run_poisoned(layer, x, n, rng)
+            assert_woq_close(y, x, w, s, b, daz=daz)
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_k_zero(kern):
+    """K = 0: the product is empty, y = bias (or +0)."""
+    for dtype in DTYPES:
+        if dtype.name not in kern.dtypes:
+            continue
+        w = np.zeros((kern.nr + 3, 0), dtype=np.int8)
+        s = np.ones(kern.nr + 3, dtype=dtype)
+        b = np.arange(kern.nr + 3).astype(dtype)
+        x = np.zeros((kern.mr + 1, 0), dtype=dtype)
+        y = qkern.WoqLinear(w, s, b, kernel=kern.name)(x)
+        assert np.array_equal(y.astype(np.float64), np.broadcast_to(b.astype(np.float64), y.shape))
+        y = qkern.WoqLinear(w, s, kernel=kern.name)(x)
+        assert np.array_equal(y.astype(np.float64), np.zeros(y.shape))
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_strided_x(kern):
+    """Rows one stride apart, rows through an offset table, and a copied x."""
+    rng = np.random.default_rng(2)
+    dtype = np.dtype(kern.dtypes[-1])
+    m, n, k = 2 * kern.mr + 1, kern.nr + 3, 2 * kern.kr + 37
+    x, w, s, b = _data(rng, m, n, k, dtype)
+    layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+    expect = layer(np.ascontiguousarray(x))
+    wide = np.full((m, k + 9), np.inf, dtype=dtype)  # inf around x: any over-read shows
+    wide[:, 5:5 + k] = x
+    assert np.array_equal(layer(wide[:, 5:5 + k]), expect)
+    reversed_rows = np.ascontiguousarray(x[::-1])[::-1]
+    assert np.array_equal(layer(reversed_rows), expect)
+    cube = np.full((3, m, k + 4), np.inf, dtype=dtype)  # leading axes that do not collapse
+    cube[:, :, 2:2 + k] = x
+    y3 = layer(cube.transpose(1, 0, 2)[:, :, 2:2 + k])
+    assert y3.shape == (m, 3, n)
+    for j in range(3):
+        assert np.array_equal(y3[:, j], expect)
+    col_strided = np.repeat(x, 2, axis=1)[:, ::2]  # last axis not unit-stride: copied
+    assert np.array_equal(layer(col_strided), expect)
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_thread_count_invariant(kern):
+    """Bitwise identical for 1 and 2 threads and for repeated runs."""
+    rng = np.random.default_rng(3)
+    dtype = np.dtype(kern.dtypes[-1])
+    m = 3 * kern.mr + 1
+    n = 37 * kern.nr + 5
+    k = 515
+    x, w, s, b = _data(rng, m, n, k, dtype)
+    layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+    y1 = layer(x, num_threads=1)
+    for threads in (2, 2, 1, 3):
+        yt = layer(x, num_threads=threads)
+        assert np.array_equal(y1.view(np.uint8), yt.view(np.uint8)), threads
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_rows_agree_across_mr(kern):
+    """A row's result does not depend on how many rows share its kernel call."""
+    rng = np.random.default_rng(4)
+    dtype = np.dtype(kern.dtypes[-1])
+    x, w, s, b = _data(rng, kern.mr + 1, kern.nr + 1, 99, dtype)
+    layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+    full = layer(x)
+    for i in range(x.shape[0]):
+        assert np.array_equal(layer(x[i:i + 1]).view(np.uint8), full[i:i + 1].view(np.uint8))

@@ -1,0 +1,276 @@
+"""The public WoQ API: semantics over shapes/dtypes/values, out=, pickling,
+errors, NaN/Inf, determinism and thread safety.  Kernel choice is automatic
+here (so the per-ISA CI runs exercise every ISA's automatic path)."""
+
+import pickle
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import qkern
+from reference import BF16, DTYPES, assert_woq_close, woq_reference
+
+DTYPE_IDS = [d.name for d in DTYPES]
+
+
+def _daz(dtype, m=1):
+    return any(k.name.startswith("bf16_") for k in qkern.kernels()
+               if k.available and dtype.name in k.dtypes)
+
+
+def _values(rng, shape, dtype, magnitude):
+    """Normal values scaled by 2**magnitude, signs mixed, with edge values sprinkled."""
+    v = rng.standard_normal(shape) * 2.0**magnitude
+    return v.astype(dtype)
+
+
+@given(
+    m=st.integers(0, 40), n=st.integers(0, 70), k=st.integers(0, 300),
+    dtype=st.sampled_from(DTYPES), magnitude=st.integers(-30, 20),
+    w_kind=st.sampled_from(["uniform", "extremes", "small"]),
+    with_bias=st.booleans(), functional=st.booleans(), seed=st.integers(0, 2**32 - 1),
+)
+@example(m=1, n=1, k=1, dtype=BF16, magnitude=0, w_kind="extremes", with_bias=True,
+         functional=True, seed=0)
+@example(m=1, n=1, k=0, dtype=np.dtype(np.float16), magnitude=0, w_kind="uniform",
+         with_bias=True, functional=False, seed=0)
+@example(m=33, n=65, k=257, dtype=np.dtype(np.float32), magnitude=10, w_kind="extremes",
+         with_bias=False, functional=True, seed=1)
+@example(m=2, n=3, k=64, dtype=np.dtype(np.float16), magnitude=-20, w_kind="uniform",
+         with_bias=False, functional=False, seed=2)  # subnormal fp16 activations
+@example(m=2, n=3, k=64, dtype=BF16, magnitude=-130, w_kind="uniform",
+         with_bias=False, functional=False, seed=3)  # subnormal bf16 activations
+def test_matches_reference(m, n, k, dtype, magnitude, w_kind, with_bias, functional, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == np.float16:
+        magnitude = max(min(magnitude, 4), -24)
+    x = _values(rng, (m, k), dtype, magnitude)
+    if w_kind == "extremes":
+        w = rng.choice(np.array([-128, 127, -1, 0, 1], dtype=np.int8), size=(n, k))
+    elif w_kind == "small":
+        w = rng.integers(-2, 3, size=(n, k), dtype=np.int8)
+    else:
+        w = rng.integers(-128, 128, size=(n, k), dtype=np.int8)
+    s = rng.uniform(2.0**-12, 2.0**-4, n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if with_bias else None
+    if functional:
+        y = qkern.weight_int8pack_mm(x, w, s, bias=b)
+    else:
+        y = qkern.WoqLinear(w, s, b)(x)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert_woq_close(y, x, w, s, b, daz=_daz(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_batch_dims_and_large_m(dtype):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 5, 48)).astype(dtype)
+    w = rng.integers(-128, 128, (20, 48), dtype=np.int8)
+    s = rng.uniform(0.01, 0.02, 20).astype(dtype)
+    y = qkern.weight_int8pack_mm(x, w, s)
+    assert y.shape == (2, 3, 5, 20)
+    assert_woq_close(y.reshape(-1, 20), x.reshape(-1, 48), w, s, daz=_daz(dtype))
+    big = rng.standard_normal((100_000, 8)).astype(dtype)
+    w = rng.integers(-128, 128, (3, 8), dtype=np.int8)
+    s = np.ones(3, dtype=dtype)
+    y = qkern.WoqLinear(w, s)(big)
+    assert y.shape == (100_000, 3)
+    assert_woq_close(y, big, w, s, daz=_daz(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_1d_x_and_empty(dtype):
+    w = np.array([[1, -2, 3]], dtype=np.int8)
+    s = np.array([2], dtype=dtype)
+    y = qkern.weight_int8pack_mm(np.array([1, 1, 1], dtype=dtype), w, s)
+    assert y.shape == (1,) and float(y[0]) == 4.0
+    assert qkern.weight_int8pack_mm(np.zeros((0, 3), dtype), w, s).shape == (0, 1)
+    w0 = np.zeros((0, 3), dtype=np.int8)
+    assert qkern.weight_int8pack_mm(np.ones((4, 3), dtype), w0, np.zeros(0, dtype)).shape == (4, 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nan_inf_propagate(dtype):
+    w = np.array([[1, 0], [0, 1], [2, 2], [0, 0]], dtype=np.int8)
+    s = np.ones(4, dtype=dtype)
+    x = np.array([[np.inf, 1.0], [np.nan, 1.0], [-np.inf, 2.0], [np.inf, -np.inf]], dtype=dtype)
+    y = qkern.WoqLinear(w, s)(x).astype(np.float64)
+    # inf*0 = NaN, NaN spreads, inf - inf = NaN (IEEE 754).
+    expect = np.array([[np.inf, np.nan, np.inf, np.nan],
+                       [np.nan, np.nan, np.nan, np.nan],
+                       [-np.inf, np.nan, -np.inf, np.nan],
+                       [np.nan, np.nan, np.nan, np.nan]])
+    np.testing.assert_array_equal(y, expect)
+
+
+def test_overflow_to_inf_in_output_dtype():
+    x = np.full((1, 4), 60000.0, dtype=np.float16)
+    w = np.full((2, 4), 127, dtype=np.int8)
+    w[1] = -127
+    y = qkern.WoqLinear(w, np.ones(2, np.float16))(x)
+    np.testing.assert_array_equal(y, np.array([[np.inf, -np.inf]], dtype=np.float16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_out_argument(dtype):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((7, 33)).astype(dtype)
+    w = rng.integers(-128, 128, (9, 33), dtype=np.int8)
+    s = rng.uniform(0.01, 0.02, 9).astype(dtype)
+    b = rng.standard_normal(9).astype(dtype)
+    expect = qkern.weight_int8pack_mm(x, w, s, bias=b)
+    out = np.full((7, 9), np.nan, dtype=dtype)
+    assert qkern.weight_int8pack_mm(x, w, s, bias=b, out=out) is out
+    assert np.array_equal(out.view(np.uint8), expect.view(np.uint8))
+    layer = qkern.WoqLinear(w, s, b)
+    out2 = np.full((7, 9), np.nan, dtype=dtype)
+    assert layer(x, out=out2) is out2
+    assert_woq_close(out2, x, w, s, b, daz=_daz(dtype))
+
+
+def test_woqlinear_pickle_nbytes_weight_roundtrip():
+    rng = np.random.default_rng(7)
+    w = rng.integers(-128, 128, (45, 77), dtype=np.int8)
+    s = rng.uniform(0.01, 0.02, 45).astype(BF16)
+    b = rng.standard_normal(45).astype(BF16)
+    layer = qkern.WoqLinear(w, s, b)
+    assert np.array_equal(layer.weight(), w)
+    nr, kr = layer.layout
+    packed = -(-45 // nr) * nr * (-(-77 // kr) * kr)
+    assert packed <= layer.nbytes < packed + 45 * 2 * 2 + 2 * 4 * (45 + nr)
+    clone = pickle.loads(pickle.dumps(layer))
+    x = rng.standard_normal((5, 77)).astype(BF16)
+    assert np.array_equal(clone(x).view(np.uint16), layer(x).view(np.uint16))
+    assert np.array_equal(clone.weight(), w)
+    assert "N=45" in repr(layer)
+
+
+def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
+    w = np.ones((64, 64), dtype=np.int8)
+    layer = qkern.WoqLinear(w, np.ones(64, np.float32))
+    w[:] = 0  # mutating the caller's array must not change the layer
+    assert float(layer(np.ones(64, np.float32))[0]) == 64.0
+    arrays = [v for v in vars(layer).values() if isinstance(v, np.ndarray) and v.dtype == np.int8]
+    assert len(arrays) == 1
+
+
+def test_thread_safety_shared_layer():
+    rng = np.random.default_rng(8)
+    w = rng.integers(-128, 128, (300, 256), dtype=np.int8)
+    layer = qkern.WoqLinear(w, rng.uniform(0.01, 0.02, 300).astype(np.float32))
+    xs = [rng.standard_normal((m, 256)).astype(np.float32) for m in (1, 5, 17, 64)]
+    expect = [layer(x) for x in xs]
+    errors = []
+
+    def work(i):
+        for _ in range(20):
+            j = (i + _) % len(xs)
+            if not np.array_equal(layer(xs[j]), expect[j]):
+                errors.append(j)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_threadpoolctl_limit_respected_and_results_equal():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    rng = np.random.default_rng(9)
+    w = rng.integers(-128, 128, (500, 300), dtype=np.int8)
+    layer = qkern.WoqLinear(w, rng.uniform(0.01, 0.02, 500).astype(BF16))
+    x = rng.standard_normal((40, 300)).astype(BF16)
+    y = layer(x)
+    with threadpoolctl.threadpool_limits(limits=1, user_api="openmp"):
+        assert np.array_equal(layer(x).view(np.uint16), y.view(np.uint16))
+
+
+# ---- errors: every bad argument is named, nothing is written ------------------
+
+def _ok():
+    x = np.ones((2, 4), np.float32)
+    w = np.ones((3, 4), np.int8)
+    s = np.ones(3, np.float32)
+    return x, w, s
+
+
+@pytest.mark.parametrize("mutate, exc, match", [
+    (lambda x, w, s: (x.astype(np.float64), w, s), TypeError, "x: expected dtype"),
+    (lambda x, w, s: (x.astype(np.int8), w, s), TypeError, "x: expected dtype"),
+    (lambda x, w, s: (x.tolist(), w, s), TypeError, "x: expected a numpy.ndarray"),
+    (lambda x, w, s: (np.array(1.0, np.float32), w, s), ValueError, "x: expected shape"),
+    (lambda x, w, s: (np.ones((2, 5), np.float32), w, s), ValueError, "x: expected last dimension K=4"),
+    (lambda x, w, s: (x, w.astype(np.int16), s), TypeError, "w: expected dtype int8"),
+    (lambda x, w, s: (x, w.astype(np.uint8), s), TypeError, "w: expected dtype int8"),
+    (lambda x, w, s: (x, np.ones(4, np.int8), s), ValueError, "w: expected 2 dimension"),
+    (lambda x, w, s: (x, np.ones((4, 3), np.int8).T, s), ValueError, "w: expected a C-contiguous"),
+    (lambda x, w, s: (x, w, s.astype(np.float16)), TypeError, "scales: expected dtype float32"),
+    (lambda x, w, s: (x, w, np.ones(2, np.float32)), ValueError, r"scales: expected shape \(3,\)"),
+    (lambda x, w, s: (x, w, np.ones((3, 1), np.float32)), ValueError, "scales: expected 1 dim"),
+])
+def test_bad_arguments(mutate, exc, match):
+    x, w, s = mutate(*_ok())
+    with pytest.raises(exc, match=match):
+        qkern.weight_int8pack_mm(x, w, s)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({"bias": np.ones(3, np.float16)}, TypeError, "bias: expected dtype float32"),
+    ({"bias": np.ones(4, np.float32)}, ValueError, "bias: expected shape"),
+    ({"out": np.zeros((2, 4), np.float32)}, ValueError, r"out: expected shape \(2, 3\)"),
+    ({"out": np.zeros((2, 3), np.float16)}, TypeError, "out: expected dtype float32"),
+    ({"out": np.zeros((3, 2), np.float32).T}, ValueError, "out: expected unit stride"),
+    ({"out": np.zeros((2, 3), np.float32).tolist()}, TypeError, "out: expected a numpy.ndarray"),
+    ({"num_threads": 0}, ValueError, "num_threads: expected >= 1"),
+    ({"num_threads": 1.5}, TypeError, "num_threads: expected an int"),
+    ({"num_threads": True}, TypeError, "num_threads: expected an int"),
+])
+def test_bad_keyword_arguments(kwargs, exc, match):
+    x, w, s = _ok()
+    with pytest.raises(exc, match=match):
+        qkern.weight_int8pack_mm(x, w, s, **kwargs)
+
+
+def test_read_only_and_overlapping_out_rejected_untouched():
+    x, w, s = _ok()
+    ro = np.full((2, 3), 7.0, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        qkern.weight_int8pack_mm(x, w, s, out=ro)
+    buf = np.ones(8, np.float32) * 3
+    x_view = buf[:8].reshape(2, 4)
+    out_view = buf[:6].reshape(2, 3)
+    with pytest.raises(ValueError, match="out: overlaps x"):
+        qkern.weight_int8pack_mm(x_view, w, s, out=out_view)
+    assert (buf == 3).all()
+    sbuf = np.ones(9, np.float32)
+    with pytest.raises(ValueError, match="out: overlaps scales"):
+        qkern.weight_int8pack_mm(x, w, sbuf[:3], out=sbuf[1:7].reshape(2, 3))
+
+
+def test_woqlinear_bad_arguments():
+    w = np.ones((3, 4), np.int8)
+    with pytest.raises(TypeError, match="scales: expected dtype float32, float16 or bfloat16"):
+        qkern.WoqLinear(w, np.ones(3, np.float64))
+    with pytest.raises(ValueError, match="no kernel named"):
+        qkern.WoqLinear(w, np.ones(3, np.float32), kernel="nope")
+    bf16_only = [k for k in qkern.kernels() if k.available and k.dtypes == ("bfloat16",)]
+    if bf16_only:
+        with pytest.raises(ValueError, match="does not accept dtype float32"):
+            qkern.WoqLinear(w, np.ones(3, np.float32), kernel=bf16_only[0].name)
+    layer = qkern.WoqLinear(w, np.ones(3, ml_dtypes.bfloat16))
+    with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
+        layer(np.ones(4, np.float32))
+
+
+def test_reference_sanity():
+    """The test reference itself, on a hand-computed case."""
+    y = woq_reference(np.array([[1.0, 2.0]]), np.array([[3, -1]], np.int8), np.array([0.5]),
+                      np.array([1.0]))
+    assert y.tolist() == [[1.5]]
