@@ -8,6 +8,7 @@ build is left out of the registry (QKERN_HAVE_<ISA> undefined), never a
 build failure.
 """
 
+import glob
 import os
 import tempfile
 
@@ -45,6 +46,13 @@ ISA_LIBRARIES = [
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"],
         "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())); (void)v;",
         ["src/woq/bf16-gemm-x32c2-avx512bf16.c"],
+    ),
+    (
+        "qkern_amx",
+        "QKERN_HAVE_AMX",
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
+        "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();",
+        ["src/woq/bf16-gemm-x32c2-amx.c"],
     ),
 ]
 
@@ -91,6 +99,9 @@ def extension(name):
     return Extension(
         f"qkern.{name}",
         sources=[f"qkern/{name}.pyx"],
+        # The static libraries are rebuilt on every build; relink when any C
+        # source or header is newer than the extension.
+        depends=sorted(glob.glob("src/**/*.[ch]", recursive=True) + glob.glob("include/qkern/*.h")),
         include_dirs=INCLUDE + [numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
         extra_compile_args=["-O2", "-fopenmp"],

@@ -93,7 +93,7 @@ class Kernel:
     name : str
         ``<compute>_gemm_<MR>x<NR>c<KR>__<isa>``, as the C function is named.
     isa : str
-        ISA level the kernel needs (see :data:`ISA_LEVELS`).
+        ISA level the kernel needs (one of ``qkern.ISA_LEVELS``).
     mr, nr, kr : int
         Rows per call, columns per packed panel, k values per packed group.
     dtypes : tuple of str

@@ -62,9 +62,8 @@ def woq_bound(x, w, scales, bias, dtype, daz: bool):
     big_s = np.abs(np.asarray(x).astype(np.float64)) @ np.abs(np.asarray(w).astype(np.float64)).T
     gamma = (k + 1) * U32 / (1 - (k + 1) * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
-    e32 = ((gamma + 2 * U32) * s * big_s + U32 * b) * (1 + 4 * U32)
-    if daz:
-        e32 = e32 + k * 129 * 2.0**-126 * s
+    daz_term = k * 129 * 2.0**-126 * s if daz else 0.0
+    e32 = ((gamma + 2 * U32) * s * big_s + U32 * b + daz_term) * (1 + 4 * U32)
     y_abs = np.abs(woq_reference(x, w, scales, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 

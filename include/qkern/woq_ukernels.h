@@ -21,5 +21,6 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_16x32c2__amx)
 
 #endif /* QKERN_WOQ_UKERNELS_H */

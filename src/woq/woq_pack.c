@@ -12,18 +12,29 @@ size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) {
   return round_up(n, nr) * round_up(k, kr);
 }
 
+/* Copies kr bytes; kr is 1 or 2 for every kernel, so those are inlined. */
+static inline void copy_run(int8_t* dst, const int8_t* src, size_t kr) {
+  if (kr == 1)
+    dst[0] = src[0];
+  else if (kr == 2)
+    memcpy(dst, src, 2);
+  else
+    memcpy(dst, src, kr);
+}
+
 void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                  uint32_t kr, int8_t* out) {
-  const size_t kp = round_up(k, kr);
-  const size_t np = round_up(n, nr);
-  for (size_t p = 0; p < np; p += nr) {
-    int8_t* panel = out + p * kp;
-    for (size_t j = 0; j < nr; j++) {
-      const size_t col = p + j;
-      for (size_t kk = 0; kk < kp; kk++) {
-        const int8_t v = (col < n && kk < k) ? w[col * ldw + kk] : 0;
-        panel[(kk / kr) * nr * kr + j * kr + kk % kr] = v;
-      }
-    }
+  const size_t kp = round_up(k, kr), full_groups = k / kr, tail = k % kr;
+  memset(out, 0, qk_woq_packed_size(n, k, nr, kr));
+  /* Panel by panel, writing sequentially; the nr source rows are read as nr
+   * sequential streams. */
+  for (size_t p0 = 0; p0 < n; p0 += nr) {
+    const size_t cols = n - p0 < nr ? n - p0 : nr;
+    int8_t* dst = out + p0 * kp;
+    for (size_t g = 0; g < full_groups; g++, dst += (size_t)nr * kr)
+      for (size_t j = 0; j < cols; j++)
+        copy_run(dst + j * kr, w + (p0 + j) * ldw + g * kr, kr);
+    for (size_t j = 0; tail && j < cols; j++)
+      memcpy(dst + j * kr, w + (p0 + j) * ldw + full_groups * kr, tail);
   }
 }

@@ -27,6 +27,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"bf16_gemm_1x32c2__avx512bf16", qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16, QK_ISA_AVX512_BF16, 1, 32, 2, BF16},
     {"bf16_gemm_8x32c2__avx512bf16", qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16, QK_ISA_AVX512_BF16, 8, 32, 2, BF16},
 #endif
+#ifdef QKERN_HAVE_AMX
+    {"bf16_gemm_16x32c2__amx", qk_woq_bf16_gemm_ukernel_16x32c2__amx, QK_ISA_AMX, 16, 32, 2, BF16},
+#endif
 };
 
 const size_t qk_woq_num_kernels = sizeof(qk_woq_kernels) / sizeof(qk_woq_kernels[0]);

@@ -1,0 +1,180 @@
+"""Command line: ``python -m qkern info`` and ``python -m qkern bench``.
+
+``info`` describes what qkern sees on this machine: versions, CPU features,
+the ISA level and its cap, OpenMP threads, the kernel registry and the
+kernel chosen per dtype. ``bench`` times the kernels and qkern against its
+peers (see :mod:`qkern.bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+
+import qkern
+from qkern import bench
+from qkern.dispatch import CPU_ISA, ISA_CAP, choose_kernel
+
+_CHOICE_DTYPES = ("bfloat16", "float16", "float32")
+_CHOICE_MS = (1, 64)
+
+
+def openmp_threads() -> str:
+    """The OpenMP runtime's default thread count, and where the figure comes from.
+
+    Read from the loaded OpenMP runtime through ``threadpoolctl`` when it is
+    installed; otherwise the number of cores this process may use.
+
+    Returns
+    -------
+    str
+        For example ``"2 (libgomp, via threadpoolctl)"``.
+    """
+    if importlib.util.find_spec("threadpoolctl") is not None:
+        from threadpoolctl import threadpool_info
+
+        found = [f"{i['num_threads']} ({i['prefix']}, via threadpoolctl)"
+                 for i in threadpool_info() if i["user_api"] == "openmp"]
+        if found:
+            return "; ".join(found)
+    return f"{bench.all_cores()} (cores available; install threadpoolctl to read the runtime)"
+
+
+def _table_lines(header: tuple, rows: list) -> list:
+    """Left-aligned text-table lines: header, rule, one line per row."""
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+            for r in [header, tuple("-" * w for w in widths), *rows]]
+
+
+def kernel_lines() -> list:
+    """The kernel registry as text-table lines, one kernel per row.
+
+    Returns
+    -------
+    list of str
+        Header, rule, then name, ISA, MRxNRxKR, dtypes and availability per kernel.
+    """
+    rows = [(k.name, k.isa, f"{k.mr}x{k.nr}x{k.kr}", ",".join(k.dtypes),
+             "yes" if k.available else "no") for k in qkern.kernels()]
+    return _table_lines(("kernel", "isa", "MRxNRxKR", "dtypes", "available"), rows)
+
+
+def choice_lines() -> list:
+    """The kernel :func:`qkern.dispatch.choose_kernel` picks per dtype and M, as table lines.
+
+    Returns
+    -------
+    list of str
+        Header, rule, then one line per activation dtype.
+    """
+    rows = [(dtype, *(choose_kernel(dtype, m).name for m in _CHOICE_MS))
+            for dtype in _CHOICE_DTYPES]
+    return _table_lines(("dtype", *(f"M={m}" for m in _CHOICE_MS)), rows)
+
+
+def info() -> str:
+    """Everything ``python -m qkern info`` prints.
+
+    Returns
+    -------
+    str
+        Versions, CPU features, ISA and cap, OpenMP threads, the registry
+        and the kernel choices, one item per line.
+    """
+    features = qkern.cpu_features()
+    on = " ".join(f for f, v in features.items() if v) or "-"
+    off = " ".join(f for f, v in features.items() if not v) or "-"
+    asked = os.environ.get("QKERN_ISA", "").strip()
+    cap_src = f"QKERN_ISA={asked}" if asked else "QKERN_ISA unset"
+    return "\n".join([
+        f"qkern {qkern.__version__} (numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "
+        f"Python {sys.version.split()[0]})",
+        f"CPU features on:  {on}",
+        f"CPU features off: {off}",
+        f"ISA levels: {' < '.join(qkern.ISA_LEVELS)}",
+        f"ISA of this CPU: {CPU_ISA}; cap: {ISA_CAP} ({cap_src})",
+        f"OpenMP default threads: {openmp_threads()}",
+        "",
+        "Kernels:",
+        *kernel_lines(),
+        "",
+        "Kernel chosen (qkern.dispatch.choose_kernel):",
+        *choice_lines(),
+    ])
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _output_path(text: str) -> str:
+    """argparse type: a file name in a folder that exists."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file name")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m qkern`` argument parser, one subcommand per action.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        With the subcommands ``info`` and ``bench``.
+    """
+    parser = argparse.ArgumentParser(prog="python -m qkern",
+                                     description="qkern: quantized CPU kernels for NumPy.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    sub.add_parser("info", help="versions, CPU features, ISA, threads, kernel registry",
+                   description="Show what qkern sees on this machine.")
+    p = sub.add_parser("bench", help="time the kernels and qkern against its peers",
+                       description="Time every kernel and compare qkern with NumPy and "
+                                   "PyTorch (when installed). Weights may be cache-resident.")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer and smaller shapes (under a minute on two cores)")
+    p.add_argument("--threads", type=_positive_int, metavar="N",
+                   help="threads for qkern, torch and NumPy's BLAS (default: all cores)")
+    p.add_argument("--json", type=_output_path, metavar="FILE",
+                   help="also write every row to FILE as a JSON list of dicts")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the command line.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        Exit status.
+    """
+    args = build_parser().parse_args(argv)
+    if args.command == "info":
+        print(info())
+    else:
+        bench.run(quick=args.quick, threads=args.threads, json_path=args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
