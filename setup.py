@@ -31,28 +31,29 @@ ISA_LIBRARIES = [
         "QKERN_HAVE_AVX2",
         ["-mavx2", "-mfma", "-mf16c"],
         "__m256 v = _mm256_fmadd_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(2.f), _mm256_setzero_ps()); (void)v;",
-        ["src/woq/f32-gemm-x16c1-avx2.c"],
+        ["src/woq/f32-gemm-x16c1-avx2.c", "src/roofline/peak-vfmadd231ps-avx2.c"],
     ),
     (
         "qkern_avx512",
         "QKERN_HAVE_AVX512",
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c"],
         "__m256i h = _mm512_cvtepi32_epi16(_mm512_set1_epi32(1)); (void)h;",
-        ["src/woq/f32-gemm-x32c2-avx512.c"],
+        ["src/woq/f32-gemm-x32c2-avx512.c", "src/woq/widen-x32c2-avx512.c",
+         "src/roofline/peak-vfmadd231ps-avx512.c"],
     ),
     (
         "qkern_avx512bf16",
         "QKERN_HAVE_AVX512_BF16",
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"],
         "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())); (void)v;",
-        ["src/woq/bf16-gemm-x32c2-avx512bf16.c"],
+        ["src/woq/bf16-gemm-x32c2-avx512bf16.c", "src/roofline/peak-vdpbf16ps-avx512bf16.c"],
     ),
     (
         "qkern_amx",
         "QKERN_HAVE_AMX",
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
         "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();",
-        ["src/woq/bf16-gemm-x32c2-amx.c"],
+        ["src/woq/bf16-gemm-x32c2-amx.c", "src/roofline/peak-tdpbf16ps-amx.c"],
     ),
 ]
 
@@ -62,6 +63,7 @@ BASE_SOURCES = [
     "src/woq/woq_driver.c",
     "src/woq/woq_registry.c",
     "src/woq/f32-gemm-ref.c",
+    "src/roofline/roofline.c",
 ]
 
 
@@ -112,7 +114,7 @@ def extension(name):
 setup(
     libraries=libraries(),
     ext_modules=cythonize(
-        [extension("_cpu"), extension("_woq")],
+        [extension("_cpu"), extension("_woq"), extension("_roofline")],
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

@@ -120,6 +120,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _thread_list(text: str) -> list:
+    """argparse type: comma-separated integers >= 1."""
+    return [_positive_int(part) for part in text.split(",")]
+
+
 def _output_path(text: str) -> str:
     """argparse type: a file name in a folder that exists."""
     folder = os.path.dirname(os.path.abspath(text))
@@ -148,10 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "PyTorch (when installed). Weights may be cache-resident.")
     p.add_argument("--quick", action="store_true",
                    help="fewer and smaller shapes (under a minute on two cores)")
-    p.add_argument("--threads", type=_positive_int, metavar="N",
-                   help="threads for qkern, torch and NumPy's BLAS (default: all cores)")
+    p.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
+                   help="thread counts for qkern, torch and NumPy's BLAS, each run in turn "
+                        "(default: all cores)")
     p.add_argument("--json", type=_output_path, metavar="FILE",
-                   help="also write every row to FILE as a JSON list of dicts")
+                   help="also write the roofline and every row to FILE as JSON")
+    p.add_argument("--plot", type=_output_path, metavar="FILE.png",
+                   help="also plot %% of roofline and speedups against M (needs matplotlib)")
     return parser
 
 
@@ -172,7 +180,8 @@ def main(argv=None) -> int:
     if args.command == "info":
         print(info())
     else:
-        bench.run(quick=args.quick, threads=args.threads, json_path=args.json)
+        bench.run(quick=args.quick, threads=args.threads, json_path=args.json,
+                  plot_path=args.plot)
     return 0
 
 

@@ -1,5 +1,5 @@
 # Declarations of the C contract (include/qkern/*.h) used by the Cython layer.
-from libc.stdint cimport int8_t, int64_t, uint32_t
+from libc.stdint cimport int8_t, int64_t, uint32_t, uint64_t
 
 
 cdef extern from "qkern/cpu.h":
@@ -38,6 +38,8 @@ cdef extern from "qkern/woq.h":
                                        const int8_t*, const float*, const float*, void*,
                                        Py_ssize_t) noexcept nogil
 
+    ctypedef void (*qk_woq_widen_fn)(const int8_t*, size_t, size_t, void*) noexcept nogil
+
     ctypedef struct qk_woq_kernel:
         const char* name
         qk_woq_ukernel_fn fn
@@ -46,6 +48,7 @@ cdef extern from "qkern/woq.h":
         uint32_t nr
         uint32_t kr
         uint32_t dtypes
+        qk_woq_widen_fn widen
 
     const qk_woq_kernel qk_woq_kernels[]
     const size_t qk_woq_num_kernels
@@ -58,3 +61,19 @@ cdef extern from "qkern/woq.h":
                     const int64_t* x_offsets, const int8_t* packed,
                     const float* scale, const float* bias, char* y,
                     int64_t y_stride, int num_threads) nogil
+
+
+cdef extern from "qkern/roofline.h":
+    ctypedef float (*qk_peak_loop_fn)(size_t) noexcept nogil
+
+    ctypedef struct qk_peak_entry:
+        const char* name
+        qk_peak_loop_fn fn
+        qk_isa isa
+        double flops_per_iter
+
+    const qk_peak_entry qk_peak_loops[]
+    const size_t qk_num_peak_loops
+
+    double qk_peak_run(size_t index, size_t iters, int threads) nogil
+    double qk_read_run(const void* buf, size_t bytes, int threads, uint64_t* checksum) nogil

@@ -6,19 +6,19 @@ this module turns arrays into pointers, releases the GIL and calls C.
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int64_t, uint32_t
 
-from qkern._clib cimport (QK_OK, qk_dtype, qk_woq_gemm, qk_woq_kernel, qk_woq_kernels,
+from qkern._clib cimport (QK_ERR_NOMEM, QK_OK, qk_dtype, qk_woq_gemm, qk_woq_kernel, qk_woq_kernels,
                           qk_woq_num_kernels, qk_woq_pack, qk_woq_packed_size)
 
 cnp.import_array()
 
 
 def registry():
-    """The C kernel registry as a list of (name, isa, mr, nr, kr, dtype_mask)."""
+    """The C kernel registry as a list of (name, isa, mr, nr, kr, dtype_mask, widened)."""
     cdef size_t i
     out = []
     for i in range(qk_woq_num_kernels):
         e = &qk_woq_kernels[i]
-        out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes))
+        out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes, e.widen != NULL))
     return out
 
 
@@ -66,5 +66,7 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     with nogil:
         status = qk_woq_gemm(kern, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
                              yp, y_stride, num_threads)
+    if status == QK_ERR_NOMEM:
+        raise MemoryError(f"qk_woq_gemm({kern.name.decode()}): no memory for widening buffers")
     if status != QK_OK:
         raise RuntimeError(f"qk_woq_gemm({kern.name.decode()}) failed with status {status}")

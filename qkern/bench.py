@@ -1,32 +1,38 @@
 """Wall-clock benchmark of the int8 weight-only GEMM, ``python -m qkern bench``.
 
-Two tables, every figure measured in this one run:
+Everything is measured in this one run, side by side:
+
+``roofline``
+    DRAM read bandwidth and the peak rate of each instruction the kernels
+    use (``vfmadd231ps``, ``vdpbf16ps``, ``tdpbf16ps``), from the C loops of
+    :mod:`qkern.roofline`, for each thread count benchmarked.
 
 ``kernels``
     Each registry kernel this process may run, forced through
-    ``qkern.WoqLinear(w, scales, kernel=name)``, on M = 1 and M = 64 rows of
-    bfloat16 activations (and of float32 for the kernels that accept it),
-    with its speedup over the portable reference ``f32_gemm_4x16c1__ref`` in
-    the same dtype and M. This shows that each SIMD kernel is doing the work.
+    ``qkern.WoqLinear(w, scales, kernel=name)``, on M = 1 and M = 64, with its
+    speedup over the portable reference ``f32_gemm_4x16c1__ref``: shows that
+    each SIMD kernel does the work.
 
 ``peers``
-    For LLM-like shapes in bfloat16: ``qkern.WoqLinear`` (weight packed once,
-    kernel chosen automatically), ``qkern.weight_int8pack_mm`` (packs on every
-    call), NumPy dequantize-then-matmul in float32 (the dequantization is
-    timed too) and, when PyTorch is installed, ``torch._weight_int8pack_mm``;
-    each with its time relative to ``WoqLinear``.
+    The grid of LLM-like shapes: ``qkern.WoqLinear`` in bfloat16, float16 and
+    float32 (weight packed once, kernel chosen automatically),
+    ``qkern.weight_int8pack_mm`` (packs on every call; quick grid only),
+    NumPy dequantize-then-matmul in float32 (dequantization timed too), and
+    when PyTorch is installed ``torch._weight_int8pack_mm`` and dense
+    bfloat16 ``torch.mm``.  Weights are cold: every timed call uses the next
+    of several copies whose total exceeds the last-level cache.
 
-Each row gives the median time of one call with its min and max, GFLOP/s
-(``2*M*N*K / t``) and weight GB/s (``N*K`` int8 bytes / t, whatever the peer
-actually reads). Weights of these sizes may stay in the last-level cache
-between calls, so the GB/s figures are not DRAM bandwidths; a benchmark
-calibrated against this machine's roofline is still to come.
+Each row: median time of one call with min and max, GFLOP/s, weight GB/s
+(bytes of the weight / t), % of the roofline (the larger of weight bytes /
+bandwidth and flops / the best peak for the dtype, over t), and each peer's
+time over qkern's (bfloat16) on the same shape.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -36,20 +42,31 @@ from dataclasses import dataclass
 import numpy as np
 
 import qkern
+from qkern import roofline
 from qkern._dtypes import bfloat16
-from qkern.dispatch import CPU_ISA, ISA_CAP, choose_kernel
+from qkern.dispatch import CPU_ISA, ISA_CAP
 
 __all__ = ["Timing", "time_call", "all_cores", "kernels_table", "peers_table", "run"]
 
 REFERENCE = "f32_gemm_4x16c1__ref"
 
-_DTYPES = {"bfloat16": bfloat16, "float32": np.dtype(np.float32)}
+_DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16),
+           "float32": np.dtype(np.float32)}
 
-# Problem sizes, keyed by ``quick``.
 _KERNELS_MS = (1, 64)
 _KERNELS_NK = {True: 2048, False: 4096}
-_PEER_MS = {True: (1, 16, 128), False: (1, 4, 16, 32, 64, 128, 256)}
-_PEER_SHAPES = {True: [(4096, 4096)], False: [(4096, 4096), (11008, 4096), (4096, 11008)]}
+_PEER_MS = {True: (1, 16, 128), False: (1, 4, 16, 32, 64, 128, 256, 1024)}
+_PEER_SHAPES = {True: [(4096, 4096)],
+                False: [(4096, 4096), (11008, 4096), (4096, 11008)]}
+# Odd shapes: (M, N, K), each compared with the nearest aligned shape.
+_ODD_SHAPES = {True: [], False: [(7, 1000, 4095), (33, 4097, 1023)]}
+
+# The instruction whose peak bounds each dtype's kernels, best first.
+_PEAK_FOR_DTYPE = {
+    "bfloat16": ("tdpbf16ps", "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm"),
+    "float16": ("vfmadd231ps zmm", "vfmadd231ps ymm"),
+    "float32": ("vfmadd231ps zmm", "vfmadd231ps ymm"),
+}
 
 
 @dataclass(frozen=True)
@@ -117,15 +134,26 @@ def all_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _rotating(items: list):
+    """A zero-argument callable returning the next of ``items`` on each call."""
+    cycle = itertools.cycle(items)
+    return lambda: next(cycle)
+
+
+def copies_for_cold(nbytes: int) -> int:
+    """How many copies of an ``nbytes`` operand exceed the last-level cache 1.5 times."""
+    return max(2, -(-3 * roofline.last_level_cache_bytes() // (2 * max(nbytes, 1))))
+
+
 def _row(table: str, name: str, dtype: str, m: int, n: int, k: int, t: Timing,
-         **extra) -> dict:
+         weight_bytes: int, **extra) -> dict:
     """One result as a flat dict (the JSON form): problem, timing and rates."""
     return {
         "table": table, "name": name, "dtype": dtype, "M": m, "N": n, "K": k, **extra,
         "median_ms": t.median * 1e3, "min_ms": t.min * 1e3, "max_ms": t.max * 1e3,
         "reps": t.reps,
         "gflops": 2.0 * m * n * k / t.median / 1e9,
-        "weight_gbs": n * k / t.median / 1e9,
+        "weight_gbs": weight_bytes / t.median / 1e9,
     }
 
 
@@ -140,10 +168,10 @@ def _random_problem(rng, m: int, n: int, k: int, dtype) -> tuple:
 def _format_table(title: str, columns: list, rows: list) -> str:
     """Render ``rows`` (dicts) as a text table.
 
-    ``columns`` holds ``(header, key, format)`` triples; a value of None
-    prints as an empty cell.
+    ``columns`` holds ``(header, key, format)`` triples; a missing value or
+    None prints as an empty cell.
     """
-    cells = [["" if r[key] is None else fmt.format(r[key]) for _, key, fmt in columns]
+    cells = [["" if r.get(key) is None else fmt.format(r[key]) for _, key, fmt in columns]
              for r in rows]
     headers = [h for h, _, _ in columns]
     widths = [max(len(c) for c in col) for col in zip(headers, *cells)]
@@ -170,9 +198,10 @@ _TIME_COLUMNS = [
 KERNELS_COLUMNS = [("kernel", "name", "{}"), ("isa", "isa", "{}"), ("dtype", "dtype", "{}"),
                    ("M", "M", "{}")] + _TIME_COLUMNS + [("x ref", "speedup_vs_ref", "{:.1f}")]
 
-PEERS_COLUMNS = [("peer", "name", "{}"), ("M", "M", "{}"), ("N", "N", "{}"), ("K", "K", "{}"),
-                 ("kernel", "kernel", "{}")] + _TIME_COLUMNS + [
-                    ("t / qkern", "ratio_vs_qkern", "{:.2f}")]
+PEERS_COLUMNS = [("peer", "name", "{}"), ("thr", "threads", "{}"), ("M", "M", "{}"),
+                 ("N", "N", "{}"), ("K", "K", "{}"), ("kernel", "kernel", "{}")] + \
+    _TIME_COLUMNS + [("% roof", "pct_roofline", "{:.0f}"),
+                     ("t / qkern", "ratio_vs_qkern", "{:.2f}")]
 
 
 def kernels_table(threads: int, quick: bool) -> list:
@@ -207,8 +236,9 @@ def kernels_table(threads: int, quick: bool) -> list:
                 t = time_call(lambda: layer(x, num_threads=threads))
                 if kern.name == REFERENCE:
                     ref_median[m] = t.median
-                rows.append(_row("kernels", kern.name, dtype_name, m, n, k, t, isa=kern.isa,
-                                 threads=threads, speedup_vs_ref=ref_median[m] / t.median))
+                rows.append(_row("kernels", kern.name, dtype_name, m, n, k, t, n * k,
+                                 isa=kern.isa, threads=threads,
+                                 speedup_vs_ref=ref_median[m] / t.median))
     return rows
 
 
@@ -223,28 +253,67 @@ def _to_torch(torch, a: np.ndarray):
     return torch.from_numpy(a).clone()
 
 
-def _peer_calls(layer, x, w, scales, threads: int, torch) -> dict:
-    """``{peer name: (kernel name or None, zero-argument callable)}`` for one problem."""
-    m = x.shape[0]
-    s_col = scales.astype(np.float32)[:, None]
-    calls = {
-        "qkern.WoqLinear": (
-            layer.kernel_for(m).name, lambda: layer(x, num_threads=threads)),
-        "qkern.weight_int8pack_mm": (
-            choose_kernel(x.dtype, m).name,
-            lambda: qkern.weight_int8pack_mm(x, w, scales, num_threads=threads)),
-        "numpy f32 dequant+matmul": (
-            None, lambda: x.astype(np.float32) @ (w.astype(np.float32) * s_col).T),
-    }
-    if torch is not None:
-        tx, tw, ts = (_to_torch(torch, a) for a in (x, w, scales))
-        calls["torch._weight_int8pack_mm"] = (None,
-                                              lambda: torch._weight_int8pack_mm(tx, tw, ts))
-    return calls
+def _roofline_seconds(roof, dtype: str, m: int, n: int, k: int, threads: int) -> float:
+    """The roofline's time for one call: max(weight bytes / bandwidth, flops / peak)."""
+    peak = next(roof.best_peak(i, threads) for i in _PEAK_FOR_DTYPE[dtype] if i in roof.peaks)
+    return max(n * k / (roof.best_bandwidth(threads) * 1e9), 2.0 * m * n * k / (peak * 1e9))
 
 
-def peers_table(threads: int, quick: bool, torch=None) -> list:
-    """Time qkern against NumPy and PyTorch on LLM-like bfloat16 shapes.
+class _Problem:
+    """Cold operands of one (N, K) shape for every peer: copies over the LLC."""
+
+    def __init__(self, rng, n: int, k: int, m_max: int, torch):
+        self.n, self.k = n, k
+        copies = copies_for_cold(n * k)
+        x, w, scales = _random_problem(rng, m_max, n, k, bfloat16)
+        self.w, self.scales = w, scales
+        self.x = {name: x.astype(dt) for name, dt in _DTYPES.items()}
+        self.layers = {name: _rotating([qkern.WoqLinear(w, scales.astype(dt))
+                                        for _ in range(copies)])
+                       for name, dt in _DTYPES.items()}
+        self.copies = copies
+        self.torch = None
+        if torch is not None:
+            tw = _to_torch(torch, w)
+            self.torch = {
+                "x": _to_torch(torch, x),
+                "s": _to_torch(torch, scales),
+                "w": _rotating([tw.clone() for _ in range(copies)]),
+                "dense": _rotating([(tw.to(torch.bfloat16) * 0.01).t().contiguous().t()
+                                    for _ in range(max(2, copies // 2))]),
+            }
+
+    def calls(self, m: int, threads: int, quick: bool) -> dict:
+        """``{peer: (dtype, kernel name or None, weight bytes, callable)}`` for M rows."""
+        out = {}
+        for name, dt in _DTYPES.items():
+            x, layers = self.x[name][:m], self.layers[name]
+            out[f"qkern {name}"] = (name, layers().kernel_for(m).name, self.n * self.k,
+                                    lambda x=x, layers=layers: layers()(x, num_threads=threads))
+        xb = self.x["bfloat16"][:m]
+        if quick:
+            out["qkern.weight_int8pack_mm"] = (
+                "bfloat16", None, self.n * self.k,
+                lambda: qkern.weight_int8pack_mm(xb, self.w, self.scales, num_threads=threads))
+        s_col = self.scales.astype(np.float32)[:, None]
+        out["numpy f32 dequant+matmul"] = (
+            "bfloat16", None, self.n * self.k,
+            lambda: xb.astype(np.float32) @ (self.w.astype(np.float32) * s_col).T)
+        if self.torch is not None:
+            import torch
+
+            tx, ts, tw, dense = (self.torch[key] for key in ("x", "s", "w", "dense"))
+            tx = tx[:m].clone()
+            out["torch._weight_int8pack_mm"] = (
+                "bfloat16", None, self.n * self.k,
+                lambda: torch._weight_int8pack_mm(tx, tw(), ts))
+            out["torch.mm bf16 dense"] = ("bfloat16", None, 2 * self.n * self.k,
+                                          lambda: torch.mm(tx, dense()))
+        return out
+
+
+def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
+    """Time qkern against NumPy and PyTorch on the grid, weights cold.
 
     Parameters
     ----------
@@ -252,57 +321,57 @@ def peers_table(threads: int, quick: bool, torch=None) -> list:
         ``num_threads`` for qkern; torch and NumPy's BLAS are set to the same
         count by the caller.
     quick : bool
-        M in {1, 16, 128} on (N, K) = (4096, 4096) when true, else M in
-        {1, 4, 16, 32, 64, 128, 256} on (4096, 4096), (11008, 4096) and
-        (4096, 11008).
+        M in {1, 16, 128} on (4096, 4096) when true; else the full grid of
+        M in {1, 4, 16, 32, 64, 128, 256, 1024} on (4096, 4096),
+        (11008, 4096), (4096, 11008) and the odd shapes.
+    roof : qkern.roofline.Roofline
+        Measured in the same run, for the % of roofline.
     torch : module, optional
-        PyTorch, to add ``torch._weight_int8pack_mm`` as a peer.
+        PyTorch, to add its int8 op and dense bfloat16 mm as peers.
 
     Returns
     -------
     list of dict
         One row per (shape, M, peer), with ``ratio_vs_qkern`` (peer median /
-        ``qkern.WoqLinear`` median).
+        ``qkern bfloat16`` median) and, for qkern, ``pct_roofline``.
     """
-    ms, shapes = _PEER_MS[quick], _PEER_SHAPES[quick]
     rng = np.random.default_rng(0)
+    problems = [((n, k), _PEER_MS[quick]) for n, k in _PEER_SHAPES[quick]]
+    problems += [((n, k), (m,)) for m, n, k in _ODD_SHAPES[quick]]
     rows = []
-    for n, k in shapes:
-        # K % 16 == 0 in every shape: torch's kernel has no K tail.
-        x_max, w, scales = _random_problem(rng, max(ms), n, k, bfloat16)
-        layer = qkern.WoqLinear(w, scales)
+    for (n, k), ms in problems:
+        prob = _Problem(rng, n, k, max(ms), torch)
         for m in ms:
-            for name, (kernel, fn) in _peer_calls(layer, x_max[:m], w, scales, threads,
-                                                  torch).items():
+            ours = None
+            for name, (dtype, kernel, wbytes, fn) in prob.calls(m, threads, quick).items():
                 t = time_call(fn)
-                if name == "qkern.WoqLinear":  # the first peer
-                    ours = t.median
-                rows.append(_row("peers", name, "bfloat16", m, n, k, t, kernel=kernel,
-                                 threads=threads, ratio_vs_qkern=t.median / ours))
+                ours = ours or t.median  # the first peer is qkern bfloat16
+                row = _row("peers", name, dtype, m, n, k, t, wbytes, kernel=kernel,
+                           threads=threads, copies=prob.copies,
+                           ratio_vs_qkern=t.median / ours)
+                if name.startswith("qkern "):
+                    row["pct_roofline"] = 100 * _roofline_seconds(roof, dtype, m, n, k,
+                                                                  threads) / t.median
+                rows.append(row)
+        del prob
     return rows
 
 
-def _load_torch(threads: int):
-    """``(torch or None, note)``: PyTorch set to ``threads`` threads, if usable."""
+def _load_torch():
+    """``(torch or None, note)``: PyTorch, if installed and it has the int8 op."""
     if importlib.util.find_spec("torch") is None:
         return None, "not installed: its rows are skipped"
     import torch
 
     if not hasattr(torch, "_weight_int8pack_mm"):
         return None, f"{torch.__version__} has no _weight_int8pack_mm: its rows are skipped"
-    torch.set_num_threads(threads)
-    return torch, f"{torch.__version__}, {threads} thread(s)"
-
-
-def _has_threadpoolctl() -> bool:
-    """Whether threadpoolctl (optional) is installed."""
-    return importlib.util.find_spec("threadpoolctl") is not None
+    return torch, torch.__version__
 
 
 @contextlib.contextmanager
 def _blas_threads(threads: int):
     """Limit NumPy's BLAS to ``threads`` threads in the block (needs threadpoolctl)."""
-    if not _has_threadpoolctl():
+    if importlib.util.find_spec("threadpoolctl") is None:
         yield
         return
     from threadpoolctl import threadpool_limits
@@ -311,80 +380,123 @@ def _blas_threads(threads: int):
         yield
 
 
-def _llc_bytes():
-    """Size of this CPU's last-level cache from Linux sysfs, or None."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    by_level = {}
-    try:
-        for entry in os.listdir(base):
-            if entry.startswith("index"):
-                with open(f"{base}/{entry}/level") as f:
-                    level = int(f.read())
-                with open(f"{base}/{entry}/size") as f:
-                    size = f.read().strip()
-                scale = units.get(size[-1], 1)
-                by_level[level] = int(size[:-1] if scale > 1 else size) * scale
-    except (OSError, ValueError):
-        return None
-    return by_level[max(by_level)] if by_level else None
+def roofline_lines(roof) -> list:
+    """The measured roofline as text lines (median and min-max per thread count)."""
+    def fmt(values):
+        return f"{statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f})"
+
+    lines = ["Roofline measured in this run (median (min-max)):"]
+    for t, values in roof.bandwidth.items():
+        lines.append(f"  DRAM read, {t} thread(s): {fmt(values)} GB/s")
+    for name, per_threads in roof.peaks.items():
+        for t, values in per_threads.items():
+            lines.append(f"  {name:16s} {t} thread(s): {fmt(values)} GFLOP/s")
+    return lines
 
 
-def _header(threads: int, quick: bool, torch_note: str) -> str:
-    """The lines printed above the tables: machine, threads, peers, caveats."""
+def _header(thread_counts: list, quick: bool, torch_note: str, roof) -> str:
+    """The lines printed above the tables: machine, threads, peers, roofline."""
     features = [name for name, on in qkern.cpu_features().items() if on]
-    largest = max(n * k for n, k in _PEER_SHAPES[quick]) / 2**20
-    llc = _llc_bytes()
-    cache = (f"last-level cache {llc / 2**20:.0f} MiB, largest int8 weight here "
-             f"{largest:.0f} MiB" if llc else f"largest int8 weight here {largest:.0f} MiB")
+    llc = roofline.last_level_cache_bytes()
     return "\n".join([
         f"qkern {qkern.__version__} bench, {'quick' if quick else 'full'}; numpy {np.__version__}",
         f"CPU features: {' '.join(features) or 'none of the listed'}",
-        f"ISA: this CPU {CPU_ISA}, cap {ISA_CAP}; threads: {threads} of {all_cores()} core(s)",
-        f"torch: {torch_note}; numpy BLAS: " + (f"{threads} thread(s)" if _has_threadpoolctl()
-                                                else "threads not limited (no threadpoolctl)"),
-        f"load average (1 min) at start: {os.getloadavg()[0]:.2f}; other work on the machine "
-        "slows calls that use every core",
-        f"Cache: {cache}.",
-        "Note: weights may stay cache-resident between calls, so these are not DRAM-bound",
-        "figures; a roofline-calibrated benchmark is to come.",
-        "Times are per call: median of the timed reps (after 2 warm-up calls), min, max.",
+        f"ISA: this CPU {CPU_ISA}, cap {ISA_CAP}; threads: {thread_counts} of "
+        f"{all_cores()} core(s); torch: {torch_note}",
+        f"load average (1 min) at start: {os.getloadavg()[0]:.2f}",
+        f"Weights cold: each timed call uses the next of several copies totalling over "
+        f"1.5x the {llc / 2**20:.0f} MiB last-level cache.",
+        "Times per call: median of the timed reps (after 2 warm-up calls), min, max.",
+        *roofline_lines(roof),
     ])
 
 
-def run(*, quick: bool = False, threads: int | None = None, json_path: str | None = None) -> list:
-    """Run both tables, printing each as it completes.
+def plot(rows: list, path: str) -> None:
+    """Draw % of roofline and speedup over each peer against M, one panel per shape.
+
+    Needs matplotlib (``pip install matplotlib``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peers = [r for r in rows if r["table"] == "peers"]
+    shapes = sorted({(r["N"], r["K"]) for r in peers if len({q["M"] for q in peers
+                     if (q["N"], q["K"]) == (r["N"], r["K"])}) > 1})
+    fig, axes = plt.subplots(2, len(shapes), figsize=(5 * len(shapes), 8), squeeze=False)
+    for col, (n, k) in enumerate(shapes):
+        sel = [r for r in peers if (r["N"], r["K"]) == (n, k)]
+        for thr in sorted({r["threads"] for r in sel}):
+            for name in sorted({r["name"] for r in sel}):
+                pts = sorted((r["M"], r) for r in sel if r["name"] == name and r["threads"] == thr)
+                ms = [m for m, _ in pts]
+                if name.startswith("qkern "):
+                    axes[0][col].plot(ms, [r["pct_roofline"] for _, r in pts], marker="o",
+                                      label=f"{name}, {thr} thr")
+                elif pts:
+                    axes[1][col].plot(ms, [r["ratio_vs_qkern"] for _, r in pts], marker="o",
+                                      label=f"{name}, {thr} thr")
+        for ax, ylabel in ((axes[0][col], "% of roofline"),
+                           (axes[1][col], "peer time / qkern bf16 time")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("M")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"N={n}, K={k}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=6)
+        axes[1][col].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(*, quick: bool = False, threads=None, json_path: str | None = None,
+        plot_path: str | None = None) -> list:
+    """Measure the roofline, then run the kernels and peers tables.
 
     Parameters
     ----------
     quick : bool
-        Smaller shapes and fewer of them (under a minute on two cores).
-    threads : int, optional
-        Threads for qkern, torch and NumPy's BLAS; default: all cores.
+        The small grid (about a minute on two cores).
+    threads : int or list of int, optional
+        Thread counts for qkern, torch and NumPy's BLAS, each benchmarked in
+        turn; default: all cores.
     json_path : str, optional
-        Also write every row, as a JSON list of dicts, to this file.
+        Also write the roofline and every row, as JSON, to this file.
+    plot_path : str, optional
+        Also draw :func:`plot` into this PNG file.
 
     Returns
     -------
     list of dict
-        All rows, kernels table first.
+        All rows.
     """
-    threads = threads or all_cores()
+    thread_counts = [threads] if isinstance(threads, int) else list(threads or [all_cores()])
     start = time.perf_counter()
-    torch, torch_note = _load_torch(threads)
-    print(_header(threads, quick, torch_note), end="\n\n", flush=True)
-    rows = kernels_table(threads, quick)
-    print(_format_table(f"Table 1 - kernels (speedup vs {REFERENCE}, same dtype and M)",
+    torch, torch_note = _load_torch()
+    roof = roofline.measure(tuple(thread_counts))
+    print(_header(thread_counts, quick, torch_note, roof), end="\n\n", flush=True)
+    rows = kernels_table(thread_counts[-1], quick)
+    print(_format_table(f"Table 1 - kernels, {thread_counts[-1]} thread(s) "
+                        f"(speedup vs {REFERENCE}, same dtype and M)",
                         KERNELS_COLUMNS, rows), end="\n\n", flush=True)
-    with _blas_threads(threads):
-        peers = peers_table(threads, quick, torch)
-    print(_format_table("Table 2 - peers, bfloat16 (t / qkern: median over qkern.WoqLinear's)",
-                        PEERS_COLUMNS, peers), flush=True)
-    rows += peers
+    for t in thread_counts:
+        if torch is not None:
+            torch.set_num_threads(t)
+        with _blas_threads(t):
+            peers = peers_table(t, quick, roof, torch)
+        print(_format_table(f"Table 2 - peers, {t} thread(s) (t / qkern: over qkern bfloat16's "
+                            "median on the same shape)", PEERS_COLUMNS, peers),
+              end="\n\n", flush=True)
+        rows += peers
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"\nwrote {len(rows)} rows to {json_path}")
+            json.dump({"roofline": {"bandwidth_gbs": roof.bandwidth, "peaks_gflops": roof.peaks},
+                       "rows": rows}, f, indent=1)
+        print(f"wrote {len(rows)} rows to {json_path}")
+    if plot_path:
+        plot(rows, plot_path)
+        print(f"wrote {plot_path}")
     print(f"total {time.perf_counter() - start:.1f} s; "
           f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
     return rows

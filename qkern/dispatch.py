@@ -100,6 +100,10 @@ class Kernel:
         Activation dtypes the kernel accepts.
     available : bool
         Whether this CPU, under ``QKERN_ISA``, may run it.
+    widened : bool
+        Whether it reads weight panels that the driver widened to bf16 (once
+        per chunk of columns, reused by every row block) instead of the
+        packed int8 bytes: worth it when many rows share each chunk.
     index : int
         Position in the C registry.
     """
@@ -111,6 +115,7 @@ class Kernel:
     kr: int
     dtypes: tuple
     available: bool
+    widened: bool
     index: int
 
     @property
@@ -122,9 +127,10 @@ class Kernel:
 def _load_registry() -> tuple:
     cap = ISA_LEVELS.index(ISA_CAP)
     out = []
-    for index, (name, isa, mr, nr, kr, mask) in enumerate(_woq.registry()):
+    for index, (name, isa, mr, nr, kr, mask, widened) in enumerate(_woq.registry()):
         dtypes = tuple(n for n, code in DTYPE_CODES.items() if mask & (1 << code))
-        out.append(Kernel(name, ISA_LEVELS[isa], mr, nr, kr, dtypes, isa <= cap, index))
+        out.append(Kernel(name, ISA_LEVELS[isa], mr, nr, kr, dtypes, isa <= cap, widened,
+                          index))
     return tuple(out)
 
 
@@ -171,8 +177,10 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None) -> Kernel:
     """Pick the kernel for an (m x K) @ (K x N) problem in ``dtype``.
 
     The highest available ISA that accepts ``dtype`` (and, when given, reads
-    ``layout``) wins; within it, the widest MR when ``m`` fills at least half
-    of it, else the narrowest.
+    ``layout``) wins.  Within it, a kernel on driver-widened panels when
+    ``m`` fills at least two of its row blocks (the widening is then shared);
+    otherwise, of the kernels on packed panels, the widest MR when ``m``
+    fills at least half of it, else the narrowest.
     """
     name = dtype_name(dtype)
     cands = [k for k in REGISTRY if k.available and name in k.dtypes
@@ -181,8 +189,12 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None) -> Kernel:
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
     top = max(ISA_LEVELS.index(k.isa) for k in cands)
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
-    wide = cands[-1]
-    kern = wide if 2 * m >= wide.mr else cands[0]
+    widened = [k for k in cands if k.widened and m >= 2 * k.mr]
+    packed = [k for k in cands if not k.widened] or cands
+    if widened:
+        kern = widened[-1]
+    else:
+        kern = packed[-1] if 2 * m >= packed[-1].mr else packed[0]
     if _VERBOSE:
         print(f"qkern: using {kern.name} for dtype={name} m={m}", file=sys.stderr)
     return kern

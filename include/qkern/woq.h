@@ -24,6 +24,10 @@
  *
  *   kr = 2 is the "VNNI" order of vdpbf16ps and AMX-BF16 B tiles once each
  *   byte is widened to bf16.
+ *
+ * Widened layout: the same bytes widened to bf16 (2 bytes each, same order),
+ * the k-groups of each panel padded with zeros to a multiple of 16 (one AMX
+ * tile of k-groups): a panel is roundup(Kp/kr, 16) * nr * kr * 2 bytes.
  */
 #ifndef QKERN_WOQ_H
 #define QKERN_WOQ_H
@@ -68,16 +72,26 @@ typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc,
                                   const float* bias, void* c,
                                   ptrdiff_t c_stride);
 
-/* One registry entry: the single source of truth for dispatch, tuner,
- * tests, qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads
- * the same packed bytes, so qk_woq_pack() serves them all. */
+/* Widens `panels` packed panels of kc k-values into the widened layout. */
+typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);
+
+/* One registry entry: the single source of truth for dispatch, tests,
+ * qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads the same
+ * packed bytes, so qk_woq_pack() serves them all.  A kernel with a widen
+ * function reads widened panels instead: the driver widens each chunk of
+ * packed panels once into a per-thread buffer and reuses it for every row
+ * block of its task. */
 typedef struct qk_woq_kernel {
   const char* name;
   qk_woq_ukernel_fn fn;
   qk_isa isa;
   uint32_t mr, nr, kr;
-  uint32_t dtypes; /* bit (1 << qk_dtype) set for each x dtype accepted */
+  uint32_t dtypes;        /* bit (1 << qk_dtype) set for each x dtype accepted */
+  qk_woq_widen_fn widen;  /* NULL: the kernel reads the packed int8 panels */
 } qk_woq_kernel;
+
+/* Bytes of one widened panel of kc k-values in layout (nr, kr). */
+size_t qk_woq_widened_panel_size(size_t k, uint32_t nr, uint32_t kr);
 
 extern const qk_woq_kernel qk_woq_kernels[];
 extern const size_t qk_woq_num_kernels;
@@ -90,7 +104,8 @@ void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                  uint32_t kr, int8_t* out);
 
 /*
- * Runs kernel `kern` over the whole problem with OpenMP threads.
+ * Runs kernel `kern` over the whole problem with OpenMP threads (returns
+ * QK_ERR_NOMEM if a widening buffer cannot be allocated).
  * Row m of x is at x + (x_offsets ? x_offsets[m] : m * x_stride) bytes.
  * Threads split N (and M for large M); every output element is computed by
  * one kernel call over the whole of K, so the result does not depend on

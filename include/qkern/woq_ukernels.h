@@ -1,7 +1,8 @@
 /*
  * qkern/woq_ukernels.h -- every WoQ micro-kernel, declared once.
  * Name: qk_woq_<compute>_gemm_ukernel_<MR>x<NR>c<KR>__<isa>, defined in
- * src/woq/<compute>-gemm-x<NR>c<KR>-<isa>.c (or -ref.c).
+ * src/woq/<compute>-gemm-x<NR>c<KR>-<isa>.c (or -ref.c); compute "bf16w"
+ * reads widened panels and lives beside its "bf16" twin.
  */
 #ifndef QKERN_WOQ_UKERNELS_H
 #define QKERN_WOQ_UKERNELS_H
@@ -21,6 +22,10 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
-QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_16x32c2__amx)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_32x32c2__amx)
+QK_DECLARE_UKERNEL(qk_woq_bf16w_gemm_ukernel_32x32c2__amx)
+
+/* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
+void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
 #endif /* QKERN_WOQ_UKERNELS_H */

@@ -1,20 +1,25 @@
 /*
- * bf16-gemm-x32c2-amx.c -- WoQ GEMM micro-kernel 16x32c2, AMX-TILE + AMX-BF16
- * (tdpbf16ps); AVX-512 F/BW build the A and B tiles and run the epilogue.
+ * bf16-gemm-x32c2-amx.c -- WoQ GEMM micro-kernels 32x32c2 (packed int8
+ * weights, widened here) and bf16w 32x32c2 (weights already widened by the
+ * driver), AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW build the A and B
+ * tiles and run the epilogue.
  *
- * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), packed layout nr = 32,
- * kr = 2, bf16 x only, mr <= 16.  For each 32-column panel, K is walked in
- * chunks of 32 (16 k-groups) with the tiles
+ * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), layout nr = 32, kr = 2
+ * (packed, or widened for bf16w), bf16 x only, mr <= 32.
  *
- *   C  tmm0, tmm1  mr rows x 16 f32: columns 0..15 and 16..31 of the panel
- *   A  tmm2        mr rows x 32 bf16: x[i, k0 .. k0+31], loaded straight
- *                  from x when the rows are equally spaced and the chunk ends
- *                  within kc, else copied into an aligned buffer with zeros
- *                  beyond kc (x is never read past kc)
- *   B  tmm3, tmm4  16 k-groups x 16 columns x (k, k+1) bf16: a k-group's
+ * For each 32-column panel, K is walked in chunks of 32 (16 k-groups):
+ *
+ *   C  tmm0..tmm3  rows 0..15 / 16..31 x columns 0..15 / 16..31, f32
+ *   A  tmm4, tmm5  rows 0..15 / 16..31 x 32 bf16: x[i, k0 .. k0+31], loaded
+ *                  straight from x when the rows are equally spaced and the
+ *                  chunk ends within kc, else copied into an aligned buffer
+ *                  with zeros beyond kc (x is never read past kc)
+ *   B  tmm6, tmm7  16 k-groups x 16 columns x (k, k+1) bf16: a k-group's
  *                  64 int8, widened to bf16 (exact: |w| <= 128), are one row
- *                  of each, built in a buffer; rows past the last k-group
- *                  are zero
+ *                  of each, built in a buffer (rows past the last k-group
+ *                  zero) -- or, for bf16w, loaded straight from the widened
+ *                  panel, whose zero padding covers the last chunk; each B
+ *                  tile serves both row halves
  *
  * tdpbf16ps accumulates in f32, like vdpbf16ps treating bf16 subnormal inputs
  * as zero and flushing subnormal results (DAZ/FTZ), in its own summation
@@ -27,11 +32,15 @@
 #include "io-avx512.h"
 #include "ukernel-define.h"
 
-#define TILE_C0 0
-#define TILE_C1 1
-#define TILE_A 2
-#define TILE_B0 3
-#define TILE_B1 4
+/* C tiles: rows 0..15 / 16..31 x columns 0..15 / 16..31 of the panel. */
+#define TILE_C00 0
+#define TILE_C01 1
+#define TILE_C10 2
+#define TILE_C11 3
+#define TILE_A0 4 /* rows 0..15 */
+#define TILE_A1 5 /* rows 16..31 */
+#define TILE_B0 6 /* columns 0..15 */
+#define TILE_B1 7 /* columns 16..31 */
 
 /* GCC's AMX intrinsics do not declare the memory that ldtilecfg and
  * tileloadd read or tilestored writes, so a compiler barrier orders the
@@ -48,13 +57,17 @@ typedef struct qk_tilecfg {
 } qk_tilecfg;
 _Static_assert(sizeof(qk_tilecfg) == 64, "LDTILECFG reads 64 bytes");
 
+/* A and C tiles of the first half hold min(mr, 16) rows, of the second
+ * mr - 16 (1 when unused); every tile row is 64 bytes. */
 QK_INLINE void load_tile_config(size_t mr) {
   qk_tilecfg cfg __attribute__((aligned(64)));
   memset(&cfg, 0, sizeof(cfg));
   cfg.palette = 1;
-  cfg.colsb[TILE_C0] = cfg.colsb[TILE_C1] = cfg.colsb[TILE_A] = 64;
-  cfg.colsb[TILE_B0] = cfg.colsb[TILE_B1] = 64;
-  cfg.rows[TILE_C0] = cfg.rows[TILE_C1] = cfg.rows[TILE_A] = (uint8_t)mr;
+  const uint8_t rows0 = (uint8_t)(mr < 16 ? mr : 16);
+  const uint8_t rows1 = (uint8_t)(mr > 16 ? mr - 16 : 1);
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64;
+  cfg.rows[TILE_C00] = cfg.rows[TILE_C01] = cfg.rows[TILE_A0] = rows0;
+  cfg.rows[TILE_C10] = cfg.rows[TILE_C11] = cfg.rows[TILE_A1] = rows1;
   cfg.rows[TILE_B0] = cfg.rows[TILE_B1] = 16;
   QK_MEMORY_BARRIER();
   _tile_loadconfig(&cfg);
@@ -63,32 +76,20 @@ QK_INLINE void load_tile_config(size_t mr) {
 /* x[i, k0 .. k0+31] of rows i < mr, zero beyond kc (masked-off lanes are not
  * read, so no access goes past the row). */
 QK_INLINE void copy_a(size_t mr, const void* const* a, size_t k0, size_t kc,
-                      uint16_t abuf[16][32]) {
+                      uint16_t abuf[32][32]) {
   const size_t n = kc - k0;
   const __mmask32 mask = n >= 32 ? (__mmask32)~0u : (__mmask32)((1u << n) - 1u);
   for (size_t i = 0; i < mr; i++)
     _mm512_store_si512(abuf[i], _mm512_maskz_loadu_epi16(mask, (const uint16_t*)a[i] + k0));
 }
 
-/* Word indices of the high halves of the 32 f32 lanes of two vectors. */
-static const uint16_t high_halves[32] __attribute__((aligned(64))) = {
-    1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-
-/* 32 int8 -> 32 bf16: the high half of each f32, exact as |w| <= 128 has at
- * most 8 significant bits (one vpermt2w is cheaper than vcvtne2ps2bf16). */
-QK_INLINE __m512i widen_32(const int8_t* p, __m512i idx) {
-  return _mm512_permutex2var_epi16(_mm512_castps_si512(qk512_i8_to_f32(p)), idx,
-                                   _mm512_castps_si512(qk512_i8_to_f32(p + 16)));
-}
-
 /* `groups` (<= 16) k-groups of 64 int8 -> rows of the two B tiles. */
 QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]) {
-  const __m512i idx = _mm512_load_si512(high_halves);
+  const __m512i idx = _mm512_load_si512(qk512_high_halves);
   size_t g = 0;
   for (; g < groups; g++, wp += 64) {
-    _mm512_store_si512(bbuf[0][g], widen_32(wp, idx));
-    _mm512_store_si512(bbuf[1][g], widen_32(wp + 32, idx));
+    _mm512_store_si512(bbuf[0][g], qk512_i8_to_bf16(wp, idx));
+    _mm512_store_si512(bbuf[1][g], qk512_i8_to_bf16(wp + 32, idx));
   }
   for (; g < 16; g++) {
     _mm512_store_si512(bbuf[0][g], _mm512_setzero_si512());
@@ -96,16 +97,18 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
   }
 }
 
-QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                                   size_t kc, const void* const* a, const int8_t* w,
-                                   const float* scale, const float* bias, void* c,
-                                   ptrdiff_t c_stride) {
-  (void)MR;
-  (void)DT;
-  uint16_t abuf[16][32] __attribute__((aligned(64)));
+/* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
+ * into the B tiles; else packed int8 panels, widened here chunk by chunk.
+ * Rows 16..31 (when mr > 16) reuse each B tile loaded for rows 0..15. */
+QK_INLINE void amx_body(const int PREWIDENED, size_t mr, size_t nc, size_t kc,
+                        const void* const* a, const int8_t* w, const float* scale,
+                        const float* bias, void* c, ptrdiff_t c_stride) {
+  uint16_t abuf[32][32] __attribute__((aligned(64)));
   uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
-  float cbuf[16][32] __attribute__((aligned(64)));
+  float cbuf[32][32] __attribute__((aligned(64)));
+  const int two = mr > 16;
   const size_t groups = (kc + 1) / 2;
+  const size_t panel_bytes = PREWIDENED ? (groups + 15) / 16 * 16 * 128 : groups * 64;
   /* Rows equally spaced (as they are when x is one strided array): full
    * chunks of A are loaded straight from x. */
   const char* a0 = (const char*)a[0];
@@ -115,26 +118,47 @@ QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr
     a_direct &= (ptrdiff_t)((uintptr_t)a[i] - (uintptr_t)a[i - 1]) == a_stride;
 
   load_tile_config(mr);
-  for (size_t n0 = 0; n0 < nc; n0 += 32, w += groups * 64) {
-    _tile_zero(TILE_C0);
-    _tile_zero(TILE_C1);
+  for (size_t n0 = 0; n0 < nc; n0 += 32, w += panel_bytes) {
+    _tile_zero(TILE_C00);
+    _tile_zero(TILE_C01);
+    if (two) {
+      _tile_zero(TILE_C10);
+      _tile_zero(TILE_C11);
+    }
     for (size_t g0 = 0; g0 < groups; g0 += 16) {
       const size_t k0 = 2 * g0;
       const int direct = a_direct && k0 + 32 <= kc;
       if (!direct) copy_a(mr, a, k0, kc, abuf);
-      widen_b(w + 64 * g0, groups - g0 < 16 ? groups - g0 : 16, bbuf);
+      if (!PREWIDENED) widen_b(w + 64 * g0, groups - g0 < 16 ? groups - g0 : 16, bbuf);
       QK_MEMORY_BARRIER();
+      if (PREWIDENED) {
+        _tile_loadd(TILE_B0, w + 128 * g0, 128);
+        _tile_loadd(TILE_B1, w + 128 * g0 + 64, 128);
+      } else {
+        _tile_loadd(TILE_B0, bbuf[0], 64);
+        _tile_loadd(TILE_B1, bbuf[1], 64);
+      }
       if (direct)
-        _tile_loadd(TILE_A, a0 + 2 * k0, a_stride);
+        _tile_loadd(TILE_A0, a0 + 2 * k0, a_stride);
       else
-        _tile_loadd(TILE_A, abuf, 64);
-      _tile_loadd(TILE_B0, bbuf[0], 64);
-      _tile_loadd(TILE_B1, bbuf[1], 64);
-      _tile_dpbf16ps(TILE_C0, TILE_A, TILE_B0);
-      _tile_dpbf16ps(TILE_C1, TILE_A, TILE_B1);
+        _tile_loadd(TILE_A0, abuf[0], 64);
+      _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+      _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+      if (two) {
+        if (direct)
+          _tile_loadd(TILE_A1, a0 + 16 * a_stride + 2 * k0, a_stride);
+        else
+          _tile_loadd(TILE_A1, abuf[16], 64);
+        _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+        _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+      }
     }
-    _tile_stored(TILE_C0, &cbuf[0][0], 128);
-    _tile_stored(TILE_C1, &cbuf[0][16], 128);
+    _tile_stored(TILE_C00, &cbuf[0][0], 128);
+    _tile_stored(TILE_C01, &cbuf[0][16], 128);
+    if (two) {
+      _tile_stored(TILE_C10, &cbuf[16][0], 128);
+      _tile_stored(TILE_C11, &cbuf[16][16], 128);
+    }
     QK_MEMORY_BARRIER();
 
     for (size_t h = 0; h < 2; h++) {
@@ -153,4 +177,23 @@ QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr
   _tile_release();
 }
 
-QK_DEFINE_UKERNEL_BF16(qk_woq_bf16_gemm_ukernel_16x32c2__amx, bf16_gemm_x32c2_amx, 16)
+QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
+                                   size_t kc, const void* const* a, const int8_t* w,
+                                   const float* scale, const float* bias, void* c,
+                                   ptrdiff_t c_stride) {
+  (void)MR;
+  (void)DT;
+  amx_body(0, mr, nc, kc, a, w, scale, bias, c, c_stride);
+}
+
+QK_INLINE void bf16w_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
+                                    size_t kc, const void* const* a, const int8_t* w,
+                                    const float* scale, const float* bias, void* c,
+                                    ptrdiff_t c_stride) {
+  (void)MR;
+  (void)DT;
+  amx_body(1, mr, nc, kc, a, w, scale, bias, c, c_stride);
+}
+
+QK_DEFINE_UKERNEL_BF16(qk_woq_bf16_gemm_ukernel_32x32c2__amx, bf16_gemm_x32c2_amx, 32)
+QK_DEFINE_UKERNEL_BF16(qk_woq_bf16w_gemm_ukernel_32x32c2__amx, bf16w_gemm_x32c2_amx, 32)

@@ -16,6 +16,19 @@ QK_INLINE __m512 qk512_i8_to_f32(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 
+/* Word indices of the high halves of the 32 f32 lanes of two vectors. */
+static const uint16_t qk512_high_halves[32] __attribute__((aligned(64))) = {
+    1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+
+/* 32 int8 at p -> 32 bf16 in order: the high half of each exact f32, which
+ * is exact as |w| <= 128 has at most 8 significant bits.  idx is
+ * _mm512_load_si512(qk512_high_halves). */
+QK_INLINE __m512i qk512_i8_to_bf16(const int8_t* p, __m512i idx) {
+  return _mm512_permutex2var_epi16(_mm512_castps_si512(qk512_i8_to_f32(p)), idx,
+                                   _mm512_castps_si512(qk512_i8_to_f32(p + 16)));
+}
+
 /* Lanes of mask for the first `count` of 16 columns. */
 QK_INLINE __mmask16 qk512_mask(size_t count) {
   return count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1u);

@@ -1,0 +1,11 @@
+"""The int8 WoQ GEMM benchmark: same as ``python -m qkern bench``.
+
+    python benchmarks/woq_bench.py --threads 1,2 --json docs/_static/bench.json \\
+        --plot docs/_static/bench.png
+"""
+import sys
+
+from qkern.__main__ import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,0 +1,78 @@
+"""The roofline probes and the benchmark's command line."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import qkern
+from qkern import _roofline, bench, roofline
+
+
+def test_peak_loops_match_the_build_and_cap():
+    loops = _roofline.peak_loops()
+    names = [name for name, _, _ in loops]
+    assert len(set(names)) == len(names)
+    built = {k.isa for k in qkern.kernels()}
+    for name, isa, flops in loops:
+        assert qkern.ISA_LEVELS[isa] in built, name
+        assert flops > 0
+
+
+def test_peak_rates_are_positive_and_finite():
+    runnable = roofline._runnable_loops()
+    assert runnable, "no peak loop runs here"
+    for index, name, _ in runnable:
+        rates = roofline.peak_gflops(index, threads=1, seconds=0.01, reps=2)
+        assert len(rates) == 2 and all(np.isfinite(r) and r > 0 for r in rates), name
+
+
+def test_read_bandwidth_small_buffer():
+    rates = roofline.read_bandwidth(threads=2, nbytes=8 << 20, reps=2)
+    assert len(rates) == 2 and all(np.isfinite(r) and r > 0 for r in rates)
+
+
+def test_read_run_rejects_misaligned_buffers():
+    buf = np.zeros(4096 + 64, np.uint8)
+    off = 1 if buf.ctypes.data % 64 == 0 else 0
+    with pytest.raises(ValueError, match="64-byte aligned"):
+        _roofline.read_run(buf[off:off + 4096], 1)
+    with pytest.raises(ValueError, match="no such peak loop"):
+        _roofline.peak_run(len(_roofline.peak_loops()), 1, 1)
+
+
+def test_last_level_cache_is_plausible():
+    assert (256 << 10) <= roofline.last_level_cache_bytes() <= (4 << 30)
+
+
+def test_cold_copies_exceed_the_cache():
+    llc = roofline.last_level_cache_bytes()
+    for nbytes in (1 << 20, 16 << 20, llc, 4 * llc):
+        copies = bench.copies_for_cold(nbytes)
+        assert copies >= 2 and copies * nbytes >= 1.5 * llc
+
+
+def test_roofline_seconds_takes_the_binding_ceiling():
+    roof = roofline.Roofline(bandwidth={1: [10.0]}, peaks={"vfmadd231ps zmm": {1: [100.0]}})
+    # Memory-bound: 1e6 bytes at 10 GB/s; compute-bound: 2e9 flops at 100 GFLOP/s.
+    assert bench._roofline_seconds(roof, "float32", 1, 1000, 1000, 1) == pytest.approx(1e-4)
+    assert bench._roofline_seconds(roof, "float32", 1000, 1000, 1000, 1) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "--threads", "0"], "expected a positive integer"),
+    (["bench", "--threads", "1,x"], "expected a positive integer"),
+    (["bench", "--json", "/nonexistent-dir/x.json"], "does not exist"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_cli_rejects_bad_arguments(args, message):
+    r = subprocess.run([sys.executable, "-m", "qkern", *args], capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr
+
+
+def test_cli_info_lists_every_kernel():
+    r = subprocess.run([sys.executable, "-m", "qkern", "info"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for k in qkern.kernels():
+        assert k.name in r.stdout
