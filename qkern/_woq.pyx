@@ -13,12 +13,13 @@ cnp.import_array()
 
 
 def registry():
-    """The C kernel registry as a list of (name, isa, mr, nr, kr, dtype_mask, widened)."""
+    """The C kernel registry: (name, isa, mr, nr, kr, dtype_mask, widened, splits_x) tuples."""
     cdef size_t i
     out = []
     for i in range(qk_woq_num_kernels):
         e = &qk_woq_kernels[i]
-        out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes, e.widen != NULL))
+        out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes, e.widen != NULL,
+                    e.split != NULL))
     return out
 
 

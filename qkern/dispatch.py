@@ -104,6 +104,10 @@ class Kernel:
         Whether it reads weight panels that the driver widened to bf16 (once
         per chunk of columns, reused by every row block) instead of the
         packed int8 bytes: worth it when many rows share each chunk.
+    splits_x : bool
+        Whether float16/float32 activations reach it split into bfloat16
+        planes whose sum is exact (2 for float16, 3 for float32; each plane
+        one more bf16 product per weight), made by the driver.
     index : int
         Position in the C registry.
     """
@@ -116,7 +120,14 @@ class Kernel:
     dtypes: tuple
     available: bool
     widened: bool
+    splits_x: bool
     index: int
+
+    def planes(self, dtype) -> int:
+        """bf16 products per weight for activations of ``dtype`` (1 unless split)."""
+        if not self.splits_x:
+            return 1
+        return {"float32": 3, "float16": 2}.get(dtype_name(dtype), 1)
 
     @property
     def layout(self) -> tuple:
@@ -127,10 +138,10 @@ class Kernel:
 def _load_registry() -> tuple:
     cap = ISA_LEVELS.index(ISA_CAP)
     out = []
-    for index, (name, isa, mr, nr, kr, mask, widened) in enumerate(_woq.registry()):
+    for index, (name, isa, mr, nr, kr, mask, widened, splits_x) in enumerate(_woq.registry()):
         dtypes = tuple(n for n, code in DTYPE_CODES.items() if mask & (1 << code))
         out.append(Kernel(name, ISA_LEVELS[isa], mr, nr, kr, dtypes, isa <= cap, widened,
-                          index))
+                          splits_x, index))
     return tuple(out)
 
 

@@ -19,10 +19,14 @@ enough: every product has <= 24 + 8 significant bits and K is small).
 4. One rounding to the output dtype: at most u_out |v| (u_out = 2**-8 for
    bf16, 2**-11 for fp16, 0 for fp32) in the normal range, plus half the
    smallest subnormal of that dtype below it.
-5. vdpbf16ps and AMX tdpbf16ps (kernels named bf16_*) treat subnormal bf16
+5. vdpbf16ps and AMX tdpbf16ps (kernels named bf16*) treat subnormal bf16
    inputs as zero and flush subnormal results (DAZ/FTZ): each of the K
    products loses at most 2**-126 * 128 and each of the <= K steps at most
    2**-126, i.e. an absolute K * 129 * 2**-126 * |s| more.
+6. A kernel that splits f16/f32 x into P bf16 planes (P = 2 or 3, sum exact,
+   each plane truncated so sum_p |x_p| <= |x| (1 + 2**-7 + 2**-14)) sums P*K
+   exact products: steps 2 and 5 hold with P*K terms in place of K and S
+   grown by that factor.
 
 Outside the output dtype's finite range the result is +-inf (or NaN from
 inf - inf), as IEEE arithmetic gives; `assert_woq_close` accepts inf only
@@ -54,12 +58,14 @@ def woq_reference(x, w, scales, bias=None):
     return y
 
 
-def woq_bound(x, w, scales, bias, dtype, daz: bool):
+def woq_bound(x, w, scales, bias, dtype, daz: bool, planes: int = 1):
     """Elementwise bound on |y - y*| from the analysis in the module docstring."""
     dtype = np.dtype(dtype)
-    k = np.asarray(w).shape[1]
+    k = np.asarray(w).shape[1] * planes
     s = np.abs(np.asarray(scales).astype(np.float64))
     big_s = np.abs(np.asarray(x).astype(np.float64)) @ np.abs(np.asarray(w).astype(np.float64)).T
+    if planes > 1:
+        big_s = big_s * (1 + 2.0**-7 + 2.0**-14)
     gamma = (k + 1) * U32 / (1 - (k + 1) * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
     daz_term = k * 129 * 2.0**-126 * s if daz else 0.0
@@ -68,7 +74,7 @@ def woq_bound(x, w, scales, bias, dtype, daz: bool):
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 
 
-def assert_woq_close(y, x, w, scales, bias=None, *, daz=False):
+def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
     """Assert y (dtype of x) is within `woq_bound` of the exact result.
 
     NaN passes only where the float64 reference is NaN; inf only where the
@@ -79,7 +85,7 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False):
     ref = woq_reference(x, w, scales, bias)
     assert y.shape == ref.shape, (y.shape, ref.shape)
     y64 = y.astype(np.float64)
-    tol = woq_bound(x, w, scales, bias, dtype, daz)
+    tol = woq_bound(x, w, scales, bias, dtype, daz, planes)
     ref_nan = np.isnan(ref)
     assert np.array_equal(np.isnan(y64), ref_nan), "NaN where the reference has none (or vice versa)"
     finite = np.isfinite(y64) & ~ref_nan

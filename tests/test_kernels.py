@@ -55,7 +55,7 @@ def _run_poisoned(layer, x, n, rng):
 def test_kernel_tile_edges(kern):
     rng = np.random.default_rng(1)
     ks, ms, ns = _sweep(kern)
-    daz = kern.name.startswith("bf16_")
+    daz = kern.name.startswith("bf16")
     for dtype in DTYPES:
         if dtype.name not in kern.dtypes:
             continue
@@ -63,7 +63,7 @@ def test_kernel_tile_edges(kern):
             x, w, s, b = _data(rng, m, n, k, dtype, bias=(m + n + k) % 2 == 0)
             layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
             y = _run_poisoned(layer, x, n, rng)
-            assert_woq_close(y, x, w, s, b, daz=daz)
+            assert_woq_close(y, x, w, s, b, daz=daz, planes=kern.planes(dtype))
 
 
 @pytest.mark.parametrize("kern", kernel_params())
@@ -132,3 +132,17 @@ def test_kernel_rows_agree_across_mr(kern):
     full = layer(x)
     for i in range(x.shape[0]):
         assert np.array_equal(layer(x[i:i + 1]).view(np.uint8), full[i:i + 1].view(np.uint8))
+
+
+@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].splits_x])
+def test_split_planes_sum_exactly(kern):
+    """K = 1, w = 1, scale = 1: y must be x itself, every bit of it, which holds
+    only if the kernel's bf16 planes of a float16/float32 x sum to x exactly."""
+    rng = np.random.default_rng(10)
+    for dtype in (np.dtype(np.float32), np.dtype(np.float16)):
+        mant = rng.uniform(1, 2, 200) * 2.0 ** rng.integers(-60 if dtype == np.float32 else -14,
+                                                            60 if dtype == np.float32 else 15, 200)
+        x = (mant * rng.choice([-1, 1], 200)).astype(dtype).reshape(200, 1)
+        w = np.ones((3, 1), np.int8)
+        y = qkern.WoqLinear(w, np.ones(3, dtype), kernel=kern.name)(x)
+        assert np.array_equal(y, np.repeat(x, 3, axis=1)), dtype

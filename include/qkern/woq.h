@@ -75,6 +75,11 @@ typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc,
 /* Widens `panels` packed panels of kc k-values into the widened layout. */
 typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);
 
+/* Splits one row of kc f16/f32 activations into bf16 planes whose sum is the
+ * row (3 planes for f32, 2 for f16), each plane qk_woq_split_plane_size(kc)
+ * values apart, zero-padded past kc. */
+typedef void (*qk_woq_split_fn)(const void* row, qk_dtype dt, size_t kc, void* out);
+
 /* One registry entry: the single source of truth for dispatch, tests,
  * qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads the same
  * packed bytes, so qk_woq_pack() serves them all.  A kernel with a widen
@@ -88,7 +93,12 @@ typedef struct qk_woq_kernel {
   uint32_t mr, nr, kr;
   uint32_t dtypes;        /* bit (1 << qk_dtype) set for each x dtype accepted */
   qk_woq_widen_fn widen;  /* NULL: the kernel reads the packed int8 panels */
+  qk_woq_split_fn split;  /* non-NULL: f16/f32 x reaches the kernel split
+                             into bf16 planes by the driver */
 } qk_woq_kernel;
+
+/* Values per plane of a split row: roundup(k, 32). */
+size_t qk_woq_split_plane_size(size_t k);
 
 /* Bytes of one widened panel of kc k-values in layout (nr, kr). */
 size_t qk_woq_widened_panel_size(size_t k, uint32_t nr, uint32_t kr);

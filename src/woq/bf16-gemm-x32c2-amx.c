@@ -5,7 +5,9 @@
  * tiles and run the epilogue.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), layout nr = 32, kr = 2
- * (packed, or widened for bf16w), bf16 x only, mr <= 32.
+ * (packed, or widened for bf16w), mr <= 32.  bf16 x is read as is; f16 and
+ * f32 x come split by the driver into 2 or 3 bf16 planes whose sum is x
+ * exactly (qk_woq_split_x__avx512), each plane one more tdpbf16ps per tile.
  *
  * For each 32-column panel, K is walked in chunks of 32 (16 k-groups):
  *
@@ -100,9 +102,14 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
 /* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
  * into the B tiles; else packed int8 panels, widened here chunk by chunk.
  * Rows 16..31 (when mr > 16) reuse each B tile loaded for rows 0..15. */
-QK_INLINE void amx_body(const int PREWIDENED, size_t mr, size_t nc, size_t kc,
-                        const void* const* a, const int8_t* w, const float* scale,
+QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc,
+                        size_t kc, const void* const* a, const int8_t* w, const float* scale,
                         const float* bias, void* c, ptrdiff_t c_stride) {
+  /* f16/f32 x arrives split into bf16 planes (the driver's split function):
+   * plane p of row i at a[i] + p * plane_bytes, zero-padded to a multiple of
+   * 32 k, rows equally spaced. */
+  const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
+  const size_t plane_bytes = (kc + 31) / 32 * 32 * 2;
   uint16_t abuf[32][32] __attribute__((aligned(64)));
   uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
   float cbuf[32][32] __attribute__((aligned(64)));
@@ -127,7 +134,7 @@ QK_INLINE void amx_body(const int PREWIDENED, size_t mr, size_t nc, size_t kc,
     }
     for (size_t g0 = 0; g0 < groups; g0 += 16) {
       const size_t k0 = 2 * g0;
-      const int direct = a_direct && k0 + 32 <= kc;
+      const int direct = planes > 1 || (a_direct && k0 + 32 <= kc);
       if (!direct) copy_a(mr, a, k0, kc, abuf);
       if (!PREWIDENED) widen_b(w + 64 * g0, groups - g0 < 16 ? groups - g0 : 16, bbuf);
       QK_MEMORY_BARRIER();
@@ -138,19 +145,22 @@ QK_INLINE void amx_body(const int PREWIDENED, size_t mr, size_t nc, size_t kc,
         _tile_loadd(TILE_B0, bbuf[0], 64);
         _tile_loadd(TILE_B1, bbuf[1], 64);
       }
-      if (direct)
-        _tile_loadd(TILE_A0, a0 + 2 * k0, a_stride);
-      else
-        _tile_loadd(TILE_A0, abuf[0], 64);
-      _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
-      _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
-      if (two) {
+      for (size_t p = 0; p < planes; p++) {
+        const char* ap = a0 + p * plane_bytes + 2 * k0;
         if (direct)
-          _tile_loadd(TILE_A1, a0 + 16 * a_stride + 2 * k0, a_stride);
+          _tile_loadd(TILE_A0, ap, a_stride);
         else
-          _tile_loadd(TILE_A1, abuf[16], 64);
-        _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
-        _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+          _tile_loadd(TILE_A0, abuf[0], 64);
+        _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+        _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+        if (two) {
+          if (direct)
+            _tile_loadd(TILE_A1, ap + 16 * a_stride, a_stride);
+          else
+            _tile_loadd(TILE_A1, abuf[16], 64);
+          _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+          _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+        }
       }
     }
     _tile_stored(TILE_C00, &cbuf[0][0], 128);
@@ -170,7 +180,7 @@ QK_INLINE void amx_body(const int PREWIDENED, size_t mr, size_t nc, size_t kc,
       for (size_t i = 0; i < mr; i++) {
         __m512 v = _mm512_mul_ps(_mm512_load_ps(&cbuf[i][16 * h]), s);
         if (bias) v = _mm512_add_ps(v, b);
-        qk512_store((char*)c + (ptrdiff_t)i * c_stride, col, QK_BF16, v, mask);
+        qk512_store((char*)c + (ptrdiff_t)i * c_stride, col, DT, v, mask);
       }
     }
   }
@@ -182,8 +192,7 @@ QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr
                                    const float* scale, const float* bias, void* c,
                                    ptrdiff_t c_stride) {
   (void)MR;
-  (void)DT;
-  amx_body(0, mr, nc, kc, a, w, scale, bias, c, c_stride);
+  amx_body(0, DT, mr, nc, kc, a, w, scale, bias, c, c_stride);
 }
 
 QK_INLINE void bf16w_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
@@ -191,9 +200,8 @@ QK_INLINE void bf16w_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t m
                                     const float* scale, const float* bias, void* c,
                                     ptrdiff_t c_stride) {
   (void)MR;
-  (void)DT;
-  amx_body(1, mr, nc, kc, a, w, scale, bias, c, c_stride);
+  amx_body(1, DT, mr, nc, kc, a, w, scale, bias, c, c_stride);
 }
 
-QK_DEFINE_UKERNEL_BF16(qk_woq_bf16_gemm_ukernel_32x32c2__amx, bf16_gemm_x32c2_amx, 32)
-QK_DEFINE_UKERNEL_BF16(qk_woq_bf16w_gemm_ukernel_32x32c2__amx, bf16w_gemm_x32c2_amx, 32)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16_gemm_ukernel_32x32c2__amx, bf16_gemm_x32c2_amx, 32)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16w_gemm_ukernel_32x32c2__amx, bf16w_gemm_x32c2_amx, 32)
