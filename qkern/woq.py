@@ -126,6 +126,7 @@ def _pack(w: np.ndarray, layout: tuple) -> np.ndarray:
 
 def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
     nr, kr = layout
+    kr = kr or max(k, 1)  # kr = 0: one group of all of K
     kp = -(-k // kr) * kr
     panels = packed.reshape(-1, kp // kr, nr, kr)
     return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(-1, kp)[:n, :k])
@@ -188,7 +189,10 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
 
     Notes
     -----
-    The weight is packed on every call; :class:`WoqLinear` packs it once.
+    For a few rows (``M`` up to twice the MR of an unpacked-weight SIMD
+    kernel, e.g. 8 for ``f32_gemv_4x1c0__avx512``) the weight is read as it
+    is; otherwise it is packed on every call. :class:`WoqLinear` packs it
+    once.
 
     Examples
     --------
@@ -206,8 +210,9 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     if bias is not None:
         bias = _check_vector("bias", bias, n, x.dtype)
     m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
-    kern = choose_kernel(x.dtype, m)
-    return _run(kern, x, _pack(w, kern.layout), n, k, _padded_f32(scales, kern.nr),
+    kern = choose_kernel(x.dtype, m, unpacked_ok=True)
+    w_packed = w if kern.kr == 0 and kern.nr == 1 else _pack(w, kern.layout)
+    return _run(kern, x, w_packed, n, k, _padded_f32(scales, kern.nr),
                 _padded_f32(bias, kern.nr), out, num_threads,
                 (("w", w), ("scales", scales), ("bias", bias)))
 

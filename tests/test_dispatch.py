@@ -123,3 +123,16 @@ def test_verbose_logs_the_choice():
     r = _python(code, QKERN_VERBOSE="1")
     assert r.returncode == 0, r.stderr
     assert "qkern: using " in r.stderr and "dtype=float32 m=1" in r.stderr
+
+
+def test_unpacked_kernel_only_where_packing_would_dominate():
+    unpacked = [k for k in qkern.kernels()
+                if k.available and k.layout == (1, 0) and k.isa != "ref"]
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+        name = np.dtype(dtype).name
+        # A layer packs once, so it never gets the unpacked layout.
+        assert dispatch.choose_kernel(dtype, 1).kr != 0
+        for m in (1, 4, 8, 9, 64):
+            kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
+            fits = [k for k in unpacked if name in k.dtypes and m <= 2 * k.mr]
+            assert (kern.layout == (1, 0)) == bool(fits), (name, m, kern.name)

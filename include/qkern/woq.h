@@ -23,7 +23,8 @@
  *     k-group 1: w[0,2] w[0,3] | w[1,2] w[1,3] | ...
  *
  *   kr = 2 is the "VNNI" order of vdpbf16ps and AMX-BF16 B tiles once each
- *   byte is widened to bf16.
+ *   byte is widened to bf16.  kr = 0 means one group of all K: with nr = 1
+ *   that is w's own row-major order (packing is a copy, or none at all).
  *
  * Widened layout: the same bytes widened to bf16 (2 bytes each, same order),
  * the k-groups of each panel padded with zeros to a multiple of 16 (one AMX
@@ -105,6 +106,9 @@ size_t qk_woq_widened_panel_size(size_t k, uint32_t nr, uint32_t kr);
 
 extern const qk_woq_kernel qk_woq_kernels[];
 extern const size_t qk_woq_num_kernels;
+
+/* k values per group of layout kr (kr, or all of k when kr == 0). */
+size_t qk_woq_group_len(size_t k, uint32_t kr);
 
 /* Bytes of the packed weight for (N, K) in layout (nr, kr). */
 size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr);

@@ -1,7 +1,7 @@
 /*
  * qkern/woq_ukernels.h -- every WoQ micro-kernel, declared once.
- * Name: qk_woq_<compute>_gemm_ukernel_<MR>x<NR>c<KR>__<isa>, defined in
- * src/woq/<compute>-gemm-x<NR>c<KR>-<isa>.c (or -ref.c); compute "bf16w"
+ * Name: qk_woq_<compute>_<gemm|gemv>_ukernel_<MR>x<NR>c<KR>__<isa>, defined
+ * in src/woq/<compute>-<gemm|gemv>-x<NR>c<KR>-<isa>.c (or -ref.c); compute "bf16w"
  * reads widened panels and lives beside its "bf16" twin.
  */
 #ifndef QKERN_WOQ_UKERNELS_H
@@ -16,10 +16,12 @@
 
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__ref)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__ref)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x1c0__ref)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x16c1__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx512)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_32x32c2__amx)

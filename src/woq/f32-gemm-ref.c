@@ -20,6 +20,7 @@ static void f32_gemm_ref(size_t MR, size_t NR, size_t KR, size_t mr, size_t nc,
                          const float* bias, void* c, ptrdiff_t c_stride) {
   assert(mr >= 1 && mr <= MR && nc >= 1);
   (void)MR;
+  KR = qk_woq_group_len(kc, (uint32_t)KR); /* KR = 0: all of K, row-major w */
   const size_t kp = (kc + KR - 1) / KR * KR;
   for (size_t n0 = 0; n0 < nc; n0 += NR) {
     const int8_t* panel = w + (n0 / NR) * kp * NR;
@@ -54,4 +55,12 @@ void qk_woq_f32_gemm_ukernel_4x32c2__ref(size_t mr, size_t nc, size_t kc,
                                          const float* bias, void* c,
                                          ptrdiff_t c_stride) {
   f32_gemm_ref(4, 32, 2, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
+}
+
+void qk_woq_f32_gemm_ukernel_4x1c0__ref(size_t mr, size_t nc, size_t kc,
+                                        const void* const* a, qk_dtype dt,
+                                        const int8_t* w, const float* scale,
+                                        const float* bias, void* c,
+                                        ptrdiff_t c_stride) {
+  f32_gemm_ref(4, 1, 0, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
 }

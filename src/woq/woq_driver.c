@@ -69,11 +69,12 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                 const float* scale, const float* bias, char* y,
                 int64_t y_stride, int num_threads) {
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
-      kern->kr == 0 || !(kern->dtypes & (1u << dt)))
+      !(kern->dtypes & (1u << dt)))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
 
-  plan p = {kern, m, n, k, kern->nr, ceil_div(k, kern->kr) * kern->kr * kern->nr, 0, 0,
+  const size_t kr = qk_woq_group_len(k, kern->kr);
+  plan p = {kern, m, n, k, kern->nr, ceil_div(k, kr) * kr * kern->nr, 0, 0,
             dt == QK_F32 ? 4 : 2, dt, packed, scale, bias, y, y_stride};
   const size_t panels = ceil_div(n, p.nr);
   p.panels_per_chunk = p.panel_bytes ? QK_CHUNK_BYTES / p.panel_bytes : panels;

@@ -8,8 +8,10 @@
 
 static size_t round_up(size_t v, size_t q) { return (v + q - 1) / q * q; }
 
+size_t qk_woq_group_len(size_t k, uint32_t kr) { return kr ? kr : (k ? k : 1); }
+
 size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) {
-  return round_up(n, nr) * round_up(k, kr);
+  return round_up(n, nr) * round_up(k, qk_woq_group_len(k, kr));
 }
 
 /* Copies kr bytes; kr is 1 or 2 for every kernel, so those are inlined. */
@@ -23,7 +25,8 @@ static inline void copy_run(int8_t* dst, const int8_t* src, size_t kr) {
 }
 
 void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
-                 uint32_t kr, int8_t* out) {
+                 uint32_t kr_tag, int8_t* out) {
+  const size_t kr = qk_woq_group_len(k, kr_tag);
   const size_t kp = round_up(k, kr), full_groups = k / kr, tail = k % kr;
   memset(out, 0, qk_woq_packed_size(n, k, nr, kr));
   /* Panel by panel, writing sequentially; the nr source rows are read as nr
@@ -31,7 +34,7 @@ void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
   for (size_t p0 = 0; p0 < n; p0 += nr) {
     const size_t cols = n - p0 < nr ? n - p0 : nr;
     int8_t* dst = out + p0 * kp;
-    for (size_t g = 0; g < full_groups; g++, dst += (size_t)nr * kr)
+    for (size_t g = 0; g < full_groups; g++, dst += nr * kr)
       for (size_t j = 0; j < cols; j++)
         copy_run(dst + j * kr, w + (p0 + j) * ldw + g * kr, kr);
     for (size_t j = 0; tail && j < cols; j++)

@@ -15,6 +15,7 @@
 const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_gemm_4x16c1__ref", qk_woq_f32_gemm_ukernel_4x16c1__ref, QK_ISA_REF, 4, 16, 1, ALL},
     {"f32_gemm_4x32c2__ref", qk_woq_f32_gemm_ukernel_4x32c2__ref, QK_ISA_REF, 4, 32, 2, ALL},
+    {"f32_gemm_4x1c0__ref", qk_woq_f32_gemm_ukernel_4x1c0__ref, QK_ISA_REF, 4, 1, 0, ALL},
 #ifdef QKERN_HAVE_AVX2
     {"f32_gemm_1x16c1__avx2", qk_woq_f32_gemm_ukernel_1x16c1__avx2, QK_ISA_AVX2, 1, 16, 1, ALL},
     {"f32_gemm_4x16c1__avx2", qk_woq_f32_gemm_ukernel_4x16c1__avx2, QK_ISA_AVX2, 4, 16, 1, ALL},
@@ -22,6 +23,7 @@ const qk_woq_kernel qk_woq_kernels[] = {
 #ifdef QKERN_HAVE_AVX512
     {"f32_gemm_1x32c2__avx512", qk_woq_f32_gemm_ukernel_1x32c2__avx512, QK_ISA_AVX512, 1, 32, 2, ALL},
     {"f32_gemm_4x32c2__avx512", qk_woq_f32_gemm_ukernel_4x32c2__avx512, QK_ISA_AVX512, 4, 32, 2, ALL},
+    {"f32_gemv_4x1c0__avx512", qk_woq_f32_gemv_ukernel_4x1c0__avx512, QK_ISA_AVX512, 4, 1, 0, ALL},
 #endif
 #ifdef QKERN_HAVE_AVX512_BF16
     {"bf16_gemm_1x32c2__avx512bf16", qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16, QK_ISA_AVX512_BF16, 1, 32, 2, BF16},
