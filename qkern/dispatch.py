@@ -196,8 +196,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     against 1.2 ms + 5.9 ms of packing).  Otherwise the highest available
     ISA that accepts ``dtype`` (and, when given, reads ``layout``; else a
     packed layout) wins.  Within it, a kernel on driver-widened panels when
-    ``m`` fills at least two of its row blocks (the widening is then
-    shared); otherwise, of the kernels on packed panels, the widest MR when
+    ``m`` needs more than one of its row blocks (the widening is then
+    shared, and a partial last block costs only its rows); otherwise, of the kernels on packed panels, the widest MR when
     ``m`` fills at least half of it, else the narrowest.
     """
     name = dtype_name(dtype)
@@ -211,7 +211,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
     top = max(ISA_LEVELS.index(k.isa) for k in cands)
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
-    widened = [k for k in cands if k.widened and m >= 2 * k.mr]
+    widened = [k for k in cands if k.widened and m > k.mr]
     packed = [k for k in cands if not k.widened] or cands
     if widened:
         kern = widened[-1]
