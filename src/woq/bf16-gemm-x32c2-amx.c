@@ -178,30 +178,17 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
       const __m512 s = _mm512_loadu_ps(scale + col);
       const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
       for (size_t i = 0; i < mr; i++) {
-        __m512 v = _mm512_mul_ps(_mm512_load_ps(&cbuf[i][16 * h]), s);
-        if (bias) v = _mm512_add_ps(v, b);
-        qk512_store((char*)c + (ptrdiff_t)i * c_stride, col, DT, v, mask);
+        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
+                       _mm512_load_ps(&cbuf[i][16 * h]), s, b, bias != NULL, mask);
       }
     }
   }
   _tile_release();
 }
 
-QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                                   size_t kc, const void* const* a, const int8_t* w,
-                                   const float* scale, const float* bias, void* c,
-                                   ptrdiff_t c_stride) {
-  (void)MR;
-  amx_body(0, DT, mr, nc, kc, a, w, scale, bias, c, c_stride);
-}
+/* The two kernels differ only in where B comes from (MR is always 32). */
+#define AMX_PACKED(MR, DT, ...) amx_body(0, DT, __VA_ARGS__)
+#define AMX_WIDENED(MR, DT, ...) amx_body(1, DT, __VA_ARGS__)
 
-QK_INLINE void bf16w_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                                    size_t kc, const void* const* a, const int8_t* w,
-                                    const float* scale, const float* bias, void* c,
-                                    ptrdiff_t c_stride) {
-  (void)MR;
-  amx_body(1, DT, mr, nc, kc, a, w, scale, bias, c, c_stride);
-}
-
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16_gemm_ukernel_32x32c2__amx, bf16_gemm_x32c2_amx, 32)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16w_gemm_ukernel_32x32c2__amx, bf16w_gemm_x32c2_amx, 32)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16_gemm_ukernel_32x32c2__amx, AMX_PACKED, 32)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16w_gemm_ukernel_32x32c2__amx, AMX_WIDENED, 32)

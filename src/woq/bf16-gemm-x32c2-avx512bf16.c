@@ -42,11 +42,7 @@ QK_INLINE void bf16_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, si
   (void)DT;
   const char* ar[8];
   char* cr[8];
-  for (size_t i = 0; i < MR; i++) {
-    const size_t r = i < mr ? i : mr - 1;
-    ar[i] = (const char*)a[r];
-    cr[i] = (char*)c + (ptrdiff_t)r * c_stride;
-  }
+  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
   const size_t kpairs = kc / 2, kp = (kc + 1) / 2 * 2;
 
   for (size_t n0 = 0; n0 < nc; n0 += 32, w += kp * 32) {
@@ -62,9 +58,7 @@ QK_INLINE void bf16_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, si
       const __m512 s = _mm512_loadu_ps(scale + col);
       const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
       for (size_t i = 0; i < MR; i++) {
-        __m512 v = _mm512_mul_ps(acc[i][h], s);
-        if (bias) v = _mm512_add_ps(v, b);
-        qk512_store(cr[i], col, QK_BF16, v, mask);
+        qk512_epilogue(cr[i], col, QK_BF16, acc[i][h], s, b, bias != NULL, mask);
       }
     }
   }

@@ -41,26 +41,14 @@ static void f32_gemm_ref(size_t MR, size_t NR, size_t KR, size_t mr, size_t nc,
   }
 }
 
-void qk_woq_f32_gemm_ukernel_4x16c1__ref(size_t mr, size_t nc, size_t kc,
-                                         const void* const* a, qk_dtype dt,
-                                         const int8_t* w, const float* scale,
-                                         const float* bias, void* c,
-                                         ptrdiff_t c_stride) {
-  f32_gemm_ref(4, 16, 1, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
-}
+#define QK_DEFINE_REF(MR, NR, KR)                                                      \
+  void qk_woq_f32_gemm_ukernel_##MR##x##NR##c##KR##__ref(                              \
+      size_t mr, size_t nc, size_t kc, const void* const* a, qk_dtype dt,              \
+      const int8_t* w, const float* scale, const float* bias, void* c,                 \
+      ptrdiff_t c_stride) {                                                            \
+    f32_gemm_ref(MR, NR, KR, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);          \
+  }
 
-void qk_woq_f32_gemm_ukernel_4x32c2__ref(size_t mr, size_t nc, size_t kc,
-                                         const void* const* a, qk_dtype dt,
-                                         const int8_t* w, const float* scale,
-                                         const float* bias, void* c,
-                                         ptrdiff_t c_stride) {
-  f32_gemm_ref(4, 32, 2, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
-}
-
-void qk_woq_f32_gemm_ukernel_4x1c0__ref(size_t mr, size_t nc, size_t kc,
-                                        const void* const* a, qk_dtype dt,
-                                        const int8_t* w, const float* scale,
-                                        const float* bias, void* c,
-                                        ptrdiff_t c_stride) {
-  f32_gemm_ref(4, 1, 0, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
-}
+QK_DEFINE_REF(4, 16, 1)
+QK_DEFINE_REF(4, 32, 2)
+QK_DEFINE_REF(4, 1, 0)

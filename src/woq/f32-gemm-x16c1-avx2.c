@@ -65,11 +65,7 @@ QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, siz
                               ptrdiff_t c_stride) {
   const char* ar[4];
   char* cr[4];
-  for (size_t i = 0; i < MR; i++) {
-    const size_t r = i < mr ? i : mr - 1;
-    ar[i] = (const char*)a[r];
-    cr[i] = (char*)c + (ptrdiff_t)r * c_stride;
-  }
+  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
   for (size_t n0 = 0; n0 < nc; n0 += 16, w += kc * 16) {
     __m256 acc[4][2];
     for (size_t i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();

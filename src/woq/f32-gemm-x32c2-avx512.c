@@ -59,11 +59,7 @@ QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, siz
                               ptrdiff_t c_stride) {
   const char* ar[4];
   char* cr[4];
-  for (size_t i = 0; i < MR; i++) {
-    const size_t r = i < mr ? i : mr - 1;
-    ar[i] = (const char*)a[r];
-    cr[i] = (char*)c + (ptrdiff_t)r * c_stride;
-  }
+  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
   const size_t kpairs = kc / 2, kp = (kc + 1) / 2 * 2;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -83,11 +79,9 @@ QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, siz
       const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
       for (size_t i = 0; i < MR; i++) {
         const __m512 lo = acc[i][2 * h], hi = acc[i][2 * h + 1];
-        __m512 v = _mm512_add_ps(_mm512_permutex2var_ps(lo, even, hi),
-                                 _mm512_permutex2var_ps(lo, odd, hi));
-        v = _mm512_mul_ps(v, s);
-        if (bias) v = _mm512_add_ps(v, b);
-        qk512_store(cr[i], col, DT, v, mask);
+        const __m512 sum = _mm512_add_ps(_mm512_permutex2var_ps(lo, even, hi),
+                                         _mm512_permutex2var_ps(lo, odd, hi));
+        qk512_epilogue(cr[i], col, DT, sum, s, b, bias != NULL, mask);
       }
     }
   }

@@ -60,4 +60,13 @@ QK_INLINE void qk512_store(char* row, size_t n, qk_dtype DT, __m512 v, __mmask16
   }
 }
 
+/* Epilogue of 16 columns from col: acc * scale (+ bias), one rounding to DT,
+ * the mask's lanes stored at element col of row. */
+QK_INLINE void qk512_epilogue(char* row, size_t col, qk_dtype DT, __m512 acc, __m512 s,
+                              __m512 b, int has_bias, __mmask16 mask) {
+  __m512 v = _mm512_mul_ps(acc, s);
+  if (has_bias) v = _mm512_add_ps(v, b);
+  qk512_store(row, col, DT, v, mask);
+}
+
 #endif /* QKERN_IO_AVX512_H */

@@ -12,6 +12,17 @@
 
 #define QK_INLINE static inline __attribute__((always_inline))
 
+/* Row pointers of x and y for MR rows; rows mr..MR-1 repeat row mr-1 (their
+ * results are the same values, written to the same place). */
+QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c,
+                             ptrdiff_t c_stride, const char** ar, char** cr) {
+  for (size_t i = 0; i < MR; i++) {
+    const size_t r = i < mr ? i : mr - 1;
+    ar[i] = (const char*)a[r];
+    cr[i] = (char*)c + (ptrdiff_t)r * c_stride;
+  }
+}
+
 #define QK_UKERNEL_PARAMS                                                     \
   size_t mr, size_t nc, size_t kc, const void *const *a, qk_dtype dt,         \
       const int8_t *w, const float *scale, const float *bias, void *c,        \
