@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewer and smaller shapes (under a minute on two cores)")
     p.add_argument("--threads", type=_positive_int, metavar="N",
                    help="threads for qkern, torch and NumPy's BLAS (default: all cores)")
+    p.add_argument("--torch", action="store_true",
+                   help="also time an end-to-end bfloat16 MLP through PyTorch: "
+                        "qkern.torch.swap_linears vs torch._weight_int8pack_mm vs dense")
     p.add_argument("--json", type=_output_path, metavar="FILE",
                    help="also write every row to FILE as a JSON list of dicts")
     return parser
@@ -172,7 +175,8 @@ def main(argv=None) -> int:
     if args.command == "info":
         print(info())
     else:
-        bench.run(quick=args.quick, threads=args.threads, json_path=args.json)
+        bench.run(quick=args.quick, threads=args.threads, json_path=args.json,
+                  torch_mlp=args.torch)
     return 0
 
 

@@ -16,6 +16,12 @@ Two tables, every figure measured in this one run:
     timed too) and, when PyTorch is installed, ``torch._weight_int8pack_mm``;
     each with its time relative to ``WoqLinear``.
 
+``torch_mlp`` (``--torch``)
+    An MLP 4096-11008-4096-11008-4096 in bfloat16, end to end through
+    PyTorch at batch 1 and 32: after ``qkern.torch.swap_linears``, through
+    ``torch._weight_int8pack_mm`` per layer (the same int8 weights), and
+    dense ``nn.Linear``; each with its time relative to the qkern path.
+
 Each row gives the median time of one call with its min and max, GFLOP/s
 (``2*M*N*K / t``) and weight GB/s (``N*K`` int8 bytes / t, whatever the peer
 actually reads). Weights of these sizes may stay in the last-level cache
@@ -26,6 +32,7 @@ calibrated against this machine's roofline is still to come.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -39,7 +46,7 @@ import qkern
 from qkern._dtypes import bfloat16
 from qkern.dispatch import CPU_ISA, ISA_CAP, choose_kernel
 
-__all__ = ["Timing", "time_call", "all_cores", "kernels_table", "peers_table", "run"]
+__all__ = ["Timing", "time_call", "all_cores", "kernels_table", "peers_table", "mlp_table", "run"]
 
 REFERENCE = "f32_gemm_4x16c1__ref"
 
@@ -352,7 +359,8 @@ def _header(threads: int, quick: bool, torch_note: str) -> str:
     ])
 
 
-def run(*, quick: bool = False, threads: int | None = None, json_path: str | None = None) -> list:
+def run(*, quick: bool = False, threads: int | None = None, json_path: str | None = None,
+        torch_mlp: bool = False) -> list:
     """Run both tables, printing each as it completes.
 
     Parameters
@@ -363,6 +371,9 @@ def run(*, quick: bool = False, threads: int | None = None, json_path: str | Non
         Threads for qkern, torch and NumPy's BLAS; default: all cores.
     json_path : str, optional
         Also write every row, as a JSON list of dicts, to this file.
+    torch_mlp : bool
+        Also run :func:`mlp_table`, the end-to-end MLP through PyTorch
+        (which must be installed).
 
     Returns
     -------
@@ -372,6 +383,8 @@ def run(*, quick: bool = False, threads: int | None = None, json_path: str | Non
     threads = threads or all_cores()
     start = time.perf_counter()
     torch, torch_note = _load_torch(threads)
+    if torch_mlp and torch is None:
+        raise SystemExit(f"bench --torch needs PyTorch: torch {torch_note}")
     print(_header(threads, quick, torch_note), end="\n\n", flush=True)
     rows = kernels_table(threads, quick)
     print(_format_table(f"Table 1 - kernels (speedup vs {REFERENCE}, same dtype and M)",
@@ -381,10 +394,100 @@ def run(*, quick: bool = False, threads: int | None = None, json_path: str | Non
     print(_format_table("Table 2 - peers, bfloat16 (t / qkern: median over qkern.WoqLinear's)",
                         PEERS_COLUMNS, peers), flush=True)
     rows += peers
+    if torch_mlp:
+        mlp = mlp_table(threads, torch)
+        print("\n" + _format_table(
+            f"Table 3 - MLP {'-'.join(map(str, MLP_WIDTHS))}, ReLU between, bfloat16, end to "
+            "end through PyTorch (t / qkern: median over swap_linears')", MLP_COLUMNS, mlp),
+            flush=True)
+        rows += mlp
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=1)
         print(f"\nwrote {len(rows)} rows to {json_path}")
     print(f"total {time.perf_counter() - start:.1f} s; "
           f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
+    return rows
+
+
+# ---- End-to-end MLP through PyTorch: python -m qkern bench --torch ------------------
+
+MLP_WIDTHS = (4096, 11008, 4096, 11008, 4096)
+MLP_BATCHES = (1, 32)
+
+MLP_COLUMNS = [("path", "name", "{}"), ("batch", "M", "{}")] + _TIME_COLUMNS + [
+    ("t / qkern", "ratio_vs_qkern", "{:.2f}"), ("max |y - y_qkern| / max |y_qkern|",
+                                                 "rel_diff_vs_qkern", "{:.2g}")]
+
+
+def _mlp_paths(torch) -> dict:
+    """``{path name: model}`` for the bfloat16 MLP of widths ``MLP_WIDTHS``, ReLU between.
+
+    The quantized paths share one set of int8 weights and scales
+    (:func:`qkern.torch.quantize_per_channel` of the float weights).
+    """
+    import qkern.torch as qt
+
+    torch.manual_seed(0)
+    layers = []
+    for k, n in zip(MLP_WIDTHS, MLP_WIDTHS[1:]):
+        layers += [torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16), torch.nn.ReLU()]
+    dense = torch.nn.Sequential(*layers[:-1])
+    quantized = [qt.quantize_per_channel(m.weight, torch.bfloat16)
+                 for m in dense if isinstance(m, torch.nn.Linear)]
+
+    def torch_woq(x):
+        for i, (q, s) in enumerate(quantized):
+            x = torch._weight_int8pack_mm(x, q, s)
+            x = torch.relu(x) if i < len(quantized) - 1 else x
+        return x
+
+    return {"qkern.torch.swap_linears": qt.swap_linears(copy.deepcopy(dense)),
+            "torch._weight_int8pack_mm": torch_woq,
+            "torch nn.Linear bf16 (dense)": dense}
+
+
+def mlp_table(threads: int, torch) -> list:
+    """Time the MLP of ``MLP_WIDTHS`` (bfloat16, no bias) through three paths.
+
+    The paths: the model after :func:`qkern.torch.swap_linears`, PyTorch's
+    own WoQ path (``torch._weight_int8pack_mm`` per layer, same int8 weights)
+    and the dense bfloat16 model. Weights total 180 M int8 (360 MB in
+    bfloat16), more than any last-level cache.
+
+    Parameters
+    ----------
+    threads : int
+        Set in torch by the caller (``torch.set_num_threads``); the qkern
+        custom ops use ``torch.get_num_threads()``.
+    torch : module
+        PyTorch.
+
+    Returns
+    -------
+    list of dict
+        One row per (batch, path); GFLOP/s and weight GB/s count every layer
+        (``2 * M * sum(N*K)`` and ``sum(N*K)`` int8 bytes), ``ratio_vs_qkern``
+        is the path's median over the qkern path's, and ``rel_diff_vs_qkern``
+        the largest difference of its output from qkern's, relative to the
+        largest output.
+    """
+    weights = sum(k * n for k, n in zip(MLP_WIDTHS, MLP_WIDTHS[1:]))
+    paths = _mlp_paths(torch)
+    rows = []
+    with torch.inference_mode():
+        for m in MLP_BATCHES:
+            x = torch.randn(m, MLP_WIDTHS[0]).to(torch.bfloat16)
+            for name, model in paths.items():
+                t = time_call(lambda: model(x))
+                y = model(x).float()
+                if name == "qkern.torch.swap_linears":  # the first path
+                    ours, y_ours = t.median, y
+                row = _row("torch_mlp", name, "bfloat16", m, MLP_WIDTHS[-1], MLP_WIDTHS[0], t,
+                           threads=threads, widths=list(MLP_WIDTHS),
+                           ratio_vs_qkern=t.median / ours,
+                           rel_diff_vs_qkern=float((y - y_ours).abs().max() / y_ours.abs().max()))
+                row.update(gflops=2.0 * m * weights / t.median / 1e9,
+                           weight_gbs=weights / t.median / 1e9)
+                rows.append(row)
     return rows
