@@ -377,6 +377,10 @@ class WoqLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
+        # As nn.Module's own implementation does, which this one replaces.
+        for hook in self._load_state_dict_pre_hooks.values():
+            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                 error_msgs)
         names = self._state_names()
         if strict:
             unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)

@@ -330,6 +330,20 @@ def test_load_state_dict_errors_leave_the_layer_alone():
     assert torch.equal(module(x), before)
 
 
+def test_load_state_dict_pre_hooks_run():
+    module = qt.WoqLinear.from_linear(torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    old = {"w" if k == "weight" else k: v for k, v in module.state_dict().items()}
+
+    def rename(module, state_dict, prefix, *args):
+        state_dict[prefix + "weight"] = state_dict.pop(prefix + "w")
+
+    other = qt.WoqLinear.from_linear(torch.nn.Linear(8, 4))
+    other.register_load_state_dict_pre_hook(rename)
+    other.load_state_dict(old)
+    assert torch.equal(other(x), module(x))
+
+
 def test_copies_have_their_own_packed_layer():
     model = qt.swap_linears(_mlp(0))
     x = torch.randn(4, 64)
