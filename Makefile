@@ -1,7 +1,8 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make bench   build qkern in .venv and run the benchmark
 #   make test    build, build the docs (warnings are errors), run the test
-#                suite once per ISA level this CPU runs, then the whole suite
+#                suite once per ISA level this CPU runs, check qkern without
+#                PyTorch, then run the whole suite with the doctests
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,6 +30,8 @@ test: docs
 	  echo "=== QKERN_ISA=$$isa"; \
 	  QKERN_ISA=$$isa $(PY) -m pytest -q -p no:cacheprovider tests; \
 	done
+	@echo "=== qkern with PyTorch blocked, as if not installed"
+	$(PY) tests/no_torch.py
 	@echo "=== whole suite, no ISA cap, with doctests"
 	$(PY) -m pytest -p no:cacheprovider --doctest-modules qkern tests
 
@@ -36,4 +39,4 @@ bench: build
 	$(PY) -m qkern bench $(BENCH_ARGS)
 
 clean:
-	rm -rf build docs/_build qkern/*.so qkern/_cpu.c qkern/_woq.c *.egg-info
+	rm -rf build docs/_build qkern/*.so qkern/_*.c *.egg-info

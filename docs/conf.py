@@ -2,6 +2,13 @@
 
 import qkern
 
+try:
+    import torch  # noqa: F401
+except ImportError:
+    # qkern.torch (docs/torch.rst) needs the optional PyTorch; without it,
+    # autodoc reads its docstrings against a stand-in module.
+    autodoc_mock_imports = ["torch"]
+
 project = "qkern"
 author = "qkern developers"
 copyright = "qkern developers"

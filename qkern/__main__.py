@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
                    help="thread counts for qkern, torch and NumPy's BLAS, each run in turn "
                         "(default: all cores)")
+    p.add_argument("--torch", action="store_true",
+                   help="also time an end-to-end bfloat16 MLP through PyTorch: "
+                        "qkern.torch.swap_linears vs torch._weight_int8pack_mm vs dense")
     p.add_argument("--json", type=_output_path, metavar="FILE",
                    help="also write the roofline and every row to FILE as JSON")
     p.add_argument("--plot", type=_output_path, metavar="FILE.png",
@@ -181,7 +184,7 @@ def main(argv=None) -> int:
         print(info())
     else:
         bench.run(quick=args.quick, threads=args.threads, json_path=args.json,
-                  plot_path=args.plot)
+                  plot_path=args.plot, torch_mlp=args.torch)
     return 0
 
 

@@ -22,6 +22,12 @@ Everything is measured in this one run, side by side:
     bfloat16 ``torch.mm``.  Weights are cold: every timed call uses the next
     of several copies whose total exceeds the last-level cache.
 
+``torch_mlp`` (``--torch``)
+    An MLP 4096-11008-4096-11008-4096 in bfloat16, end to end through
+    PyTorch at batch 1 and 32: after ``qkern.torch.swap_linears``, through
+    ``torch._weight_int8pack_mm`` per layer (the same int8 weights), and
+    dense ``nn.Linear``; each with its time relative to the qkern path.
+
 Each row: median time of one call with min and max, GFLOP/s, weight GB/s
 (bytes of the weight / t), % of the roofline (the larger of weight bytes /
 bandwidth and flops / the best peak for the dtype, over t), and each peer's
@@ -31,6 +37,7 @@ time over qkern's (bfloat16) on the same shape.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import itertools
 import json
@@ -46,7 +53,7 @@ from qkern import roofline
 from qkern._dtypes import bfloat16
 from qkern.dispatch import CPU_ISA, ISA_CAP
 
-__all__ = ["Timing", "time_call", "all_cores", "kernels_table", "peers_table", "run"]
+__all__ = ["Timing", "time_call", "all_cores", "kernels_table", "peers_table", "mlp_table", "run"]
 
 REFERENCE = "f32_gemm_4x16c1__ref"
 
@@ -451,7 +458,7 @@ def plot(rows: list, path: str) -> None:
 
 
 def run(*, quick: bool = False, threads=None, json_path: str | None = None,
-        plot_path: str | None = None) -> list:
+        plot_path: str | None = None, torch_mlp: bool = False) -> list:
     """Measure the roofline, then run the kernels and peers tables.
 
     Parameters
@@ -465,6 +472,9 @@ def run(*, quick: bool = False, threads=None, json_path: str | None = None,
         Also write the roofline and every row, as JSON, to this file.
     plot_path : str, optional
         Also draw :func:`plot` into this PNG file.
+    torch_mlp : bool
+        Also run :func:`mlp_table`, the end-to-end MLP through PyTorch
+        (which must be installed), with the last thread count.
 
     Returns
     -------
@@ -474,6 +484,8 @@ def run(*, quick: bool = False, threads=None, json_path: str | None = None,
     thread_counts = [threads] if isinstance(threads, int) else list(threads or [all_cores()])
     start = time.perf_counter()
     torch, torch_note = _load_torch()
+    if torch_mlp and torch is None:
+        raise SystemExit(f"bench --torch needs PyTorch: torch {torch_note}")
     roof = roofline.measure(tuple(thread_counts))
     print(_header(thread_counts, quick, torch_note, roof), end="\n\n", flush=True)
     rows = kernels_table(thread_counts[-1], quick)
@@ -489,6 +501,10 @@ def run(*, quick: bool = False, threads=None, json_path: str | None = None,
                             "median on the same shape)", PEERS_COLUMNS, peers),
               end="\n\n", flush=True)
         rows += peers
+    if torch_mlp:
+        mlp = mlp_table(thread_counts[-1], torch)
+        print(_format_table(_mlp_title(), MLP_COLUMNS, mlp), end="\n\n", flush=True)
+        rows += mlp
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"roofline": {"bandwidth_gbs": roof.bandwidth, "peaks_gflops": roof.peaks},
@@ -499,4 +515,96 @@ def run(*, quick: bool = False, threads=None, json_path: str | None = None,
         print(f"wrote {plot_path}")
     print(f"total {time.perf_counter() - start:.1f} s; "
           f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
+    return rows
+
+
+# ---- End-to-end MLP through PyTorch: python -m qkern bench --torch ------------------
+
+MLP_WIDTHS = (4096, 11008, 4096, 11008, 4096)
+MLP_BATCHES = (1, 32)
+_MLP_WEIGHTS = sum(k * n for k, n in zip(MLP_WIDTHS, MLP_WIDTHS[1:]))  # int8 bytes
+
+MLP_COLUMNS = [("path", "name", "{}"), ("batch", "M", "{}")] + _TIME_COLUMNS + [
+    ("t / qkern", "ratio_vs_qkern", "{:.2f}"), ("max |y - y_qkern| / max |y_qkern|",
+                                                 "rel_diff_vs_qkern", "{:.2g}")]
+
+
+def _mlp_paths(torch) -> dict:
+    """``{path name: model}`` for the bfloat16 MLP of widths ``MLP_WIDTHS``, ReLU between.
+
+    The quantized paths share one set of int8 weights and scales
+    (:func:`qkern.torch.quantize_per_channel` of the float weights).
+    """
+    import qkern.torch as qt
+
+    torch.manual_seed(0)
+    layers = []
+    for k, n in zip(MLP_WIDTHS, MLP_WIDTHS[1:]):
+        layers += [torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16), torch.nn.ReLU()]
+    dense = torch.nn.Sequential(*layers[:-1])
+    quantized = [qt.quantize_per_channel(m.weight, torch.bfloat16)
+                 for m in dense if isinstance(m, torch.nn.Linear)]
+
+    def torch_woq(x):
+        for i, (q, s) in enumerate(quantized):
+            x = torch._weight_int8pack_mm(x, q, s)
+            x = torch.relu(x) if i < len(quantized) - 1 else x
+        return x
+
+    return {"qkern.torch.swap_linears": qt.swap_linears(copy.deepcopy(dense)),
+            "torch._weight_int8pack_mm": torch_woq,
+            "torch nn.Linear bf16 (dense)": dense}
+
+
+def _mlp_title() -> str:
+    """Title of the MLP table: the model, its weight bytes and this machine's last-level cache."""
+    weights = _MLP_WEIGHTS / 2**20
+    cache = f"; last-level cache {roofline.last_level_cache_bytes() / 2**20:.0f} MiB"
+    return (f"Table 3 - MLP {'-'.join(map(str, MLP_WIDTHS))}, ReLU between, bfloat16, end to end "
+            f"through PyTorch (t / qkern: median over swap_linears')\nweights {weights:.0f} MiB "
+            f"in int8, {2 * weights:.0f} MiB in bfloat16{cache}")
+
+
+def mlp_table(threads: int, torch) -> list:
+    """Time the MLP of ``MLP_WIDTHS`` (bfloat16, no bias) through three paths.
+
+    The paths: the model after :func:`qkern.torch.swap_linears`, PyTorch's
+    own WoQ path (``torch._weight_int8pack_mm`` per layer, same int8 weights)
+    and the dense bfloat16 model. The weights total 172 MiB in int8 (344 MiB
+    in bfloat16); where the last-level cache holds them, the figures are
+    partly cache-resident.
+
+    Parameters
+    ----------
+    threads : int
+        Set in torch by the caller (``torch.set_num_threads``); the qkern
+        custom ops use ``torch.get_num_threads()``.
+    torch : module
+        PyTorch.
+
+    Returns
+    -------
+    list of dict
+        One row per (batch, path); GFLOP/s and weight GB/s count every layer
+        (``2 * M * sum(N*K)`` and ``sum(N*K)`` int8 bytes), ``ratio_vs_qkern``
+        is the path's median over the qkern path's, and ``rel_diff_vs_qkern``
+        the largest difference of its output from qkern's, relative to the
+        largest output.
+    """
+    paths = _mlp_paths(torch)
+    rows = []
+    with torch.inference_mode():
+        for m in MLP_BATCHES:
+            x = torch.randn(m, MLP_WIDTHS[0]).to(torch.bfloat16)
+            for name, model in paths.items():
+                t = time_call(lambda: model(x))
+                y = model(x).float()
+                if name == "qkern.torch.swap_linears":  # the first path
+                    ours, y_ours = t.median, y
+                row = _row("torch_mlp", name, "bfloat16", m, MLP_WIDTHS[-1], MLP_WIDTHS[0], t,
+                           _MLP_WEIGHTS, threads=threads, widths=list(MLP_WIDTHS),
+                           ratio_vs_qkern=t.median / ours,
+                           rel_diff_vs_qkern=float((y - y_ours).abs().max() / y_ours.abs().max()))
+                row.update(gflops=2.0 * m * _MLP_WEIGHTS / t.median / 1e9)
+                rows.append(row)
     return rows

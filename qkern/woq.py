@@ -23,6 +23,12 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def _check_array(name: str, a, ndim: int | None = None) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
@@ -98,7 +104,7 @@ def _check_out(out, shape: tuple, dtype, inputs: tuple):
     if not out.flags.writeable:
         raise ValueError("out: the array is read-only")
     stride = _row_stride(shape[:-1], out.strides[:-1])
-    if (shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None:
+    if out.size and ((shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None):
         raise ValueError("out: expected unit stride along the last axis and rows one "
                          f"stride apart, got strides {out.strides}")
     for name, a in inputs:
@@ -272,6 +278,16 @@ class WoqLinear:
         """Bytes held: the packed weight plus scales and bias (in both forms)."""
         held = [self._packed, self._scales, self._bias, self._scale_f32, self._bias_f32]
         return sum(a.nbytes for a in held if a is not None)
+
+    @property
+    def scales(self) -> np.ndarray:
+        """The per-channel scales, shape ``(N,)``, dtype :attr:`dtype` (a read-only view)."""
+        return _read_only(self._scales)
+
+    @property
+    def bias(self) -> np.ndarray | None:
+        """The bias, shape ``(N,)``, dtype :attr:`dtype` (a read-only view), or None."""
+        return None if self._bias is None else _read_only(self._bias)
 
     def kernel_for(self, m: int) -> Kernel:
         """The kernel a call with ``m`` rows of activations runs."""

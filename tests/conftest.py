@@ -1,5 +1,6 @@
 """Shared fixtures: hypothesis profiles and the kernels this process may run."""
 
+import importlib.util
 import os
 
 import pytest
@@ -33,3 +34,9 @@ def kernel_params():
                    f"{qkern.dispatch.ISA_CAP} (CPU or QKERN_ISA)")
         out.append(pytest.param(k, id=k.name, marks=marks))
     return out
+
+
+def pytest_configure(config):
+    # CI sets QKERN_REQUIRE_TORCH=1: the PyTorch tests must run there, not skip.
+    if os.environ.get("QKERN_REQUIRE_TORCH") == "1" and importlib.util.find_spec("torch") is None:
+        raise pytest.UsageError("QKERN_REQUIRE_TORCH=1, but PyTorch is not installed")

@@ -1,12 +1,14 @@
-"""Parity with torch._weight_int8pack_mm (when PyTorch is installed).
+"""Parity with torch._weight_int8pack_mm (when PyTorch is installed), of both
+``qkern.weight_int8pack_mm`` (NumPy) and the custom op ``qkern.torch.weight_int8pack_mm``.
 
 PyTorch 2.13's CPU op has no K tail and uses aligned loads, so K % 16 == 0
-here and every tensor handed to it is a fresh (aligned) clone.  Both results
-are compared with the exact one under the bound of tests/reference.py; the
-two may differ from each other by at most the sum of their bounds.
+here and every tensor handed to it is a fresh (aligned) torch allocation.
+Both results are compared with the exact one under the bound of
+tests/reference.py; the two may differ from each other by at most the sum
+of their bounds. The custom op runs the same kernel as the NumPy call (the
+kernel depends on dtype and M only), so their results are the same bits.
 """
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -16,21 +18,8 @@ import qkern
 from reference import BF16, assert_woq_close, woq_bound
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
-
-TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
-                BF16: torch.bfloat16}
-
-
-def _to_torch(a):
-    if a.dtype == BF16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).clone()
-    return torch.from_numpy(a).clone()
-
-
-def _from_torch(t, dtype):
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy().astype(dtype)
+import qkern.torch  # noqa: E402  (needs torch)
+from torch_support import TORCH_DTYPES, to_numpy, to_torch  # noqa: E402
 
 
 @given(m=st.integers(1, 40), n=st.integers(1, 90), k16=st.integers(1, 24),
@@ -44,8 +33,12 @@ def test_parity_with_torch(m, n, k16, dtype, seed):
     w = rng.integers(-128, 128, (n, k), dtype=np.int8)
     s = rng.uniform(0.001, 0.02, n).astype(dtype)
     ours = qkern.weight_int8pack_mm(x, w, s)
-    theirs = _from_torch(torch._weight_int8pack_mm(_to_torch(x), _to_torch(w), _to_torch(s)), dtype)
-    kern = qkern.dispatch.choose_kernel(dtype, m)
+    tx, tw, ts = to_torch(x), to_torch(w), to_torch(s)
+    theirs = to_numpy(torch._weight_int8pack_mm(tx, tw, ts))
+    op = qkern.torch.weight_int8pack_mm(tx, tw, ts)
+    assert op.dtype == TORCH_DTYPES[dtype] and op.shape == (m, n)
+    assert np.array_equal(to_numpy(op).view(np.uint8), ours.view(np.uint8))
+    kern = qkern.dispatch.choose_kernel(dtype, m, unpacked_ok=True)
     ours_terms = {"daz": kern.name.startswith("bf16"), "planes": kern.planes(dtype)}
     assert_woq_close(ours, x, w, s, **ours_terms)
     assert_woq_close(theirs, x, w, s, daz=dtype == BF16)

@@ -134,6 +134,13 @@ def test_out_argument(dtype):
     assert_woq_close(out2, x, w, s, b, **_bound(dtype))
 
 
+def test_empty_out_with_any_strides():
+    # NumPy views of empty torch tensors have all-zero strides.
+    x, w, s = np.ones((0, 3), np.float32), np.ones((2, 3), np.int8), np.ones(2, np.float32)
+    out = np.lib.stride_tricks.as_strided(np.empty(1, np.float32), (0, 2), (0, 0))
+    assert qkern.weight_int8pack_mm(x, w, s, out=out) is out
+
+
 def test_woqlinear_pickle_nbytes_weight_roundtrip():
     rng = np.random.default_rng(7)
     w = rng.integers(-128, 128, (45, 77), dtype=np.int8)
@@ -141,6 +148,9 @@ def test_woqlinear_pickle_nbytes_weight_roundtrip():
     b = rng.standard_normal(45).astype(BF16)
     layer = qkern.WoqLinear(w, s, b)
     assert np.array_equal(layer.weight(), w)
+    assert np.array_equal(layer.scales, s) and np.array_equal(layer.bias, b)
+    assert not layer.scales.flags.writeable and not layer.bias.flags.writeable
+    assert qkern.WoqLinear(w, s).bias is None
     nr, kr = layer.layout
     packed = -(-45 // nr) * nr * (-(-77 // kr) * kr)
     assert packed <= layer.nbytes < packed + 45 * 2 * 2 + 2 * 4 * (45 + nr)
