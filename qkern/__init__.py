@@ -1,12 +1,13 @@
-"""qkern: quantized kernels for NumPy.
+"""qkern: quantized kernels for NumPy and CUDA arrays.
 
 Public API only; see the documentation for semantics.
 """
 
 from qkern.dispatch import ISA_LEVELS, cpu_features, kernels
+from qkern.qconv import qconv2d
 from qkern.woq import WoqLinear, weight_int8pack_mm
 
 __version__ = "0.1.0"
 
-__all__ = ["ISA_LEVELS", "WoqLinear", "cpu_features", "kernels", "weight_int8pack_mm",
-           "__version__"]
+__all__ = ["ISA_LEVELS", "WoqLinear", "cpu_features", "kernels", "qconv2d",
+           "weight_int8pack_mm", "__version__"]
