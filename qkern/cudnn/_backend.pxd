@@ -8,6 +8,7 @@ cdef int check(int status, str step) except -1
 cdef class Descriptor:
     cdef cudnnBackendDescriptor_t ptr
     cdef readonly str kind
+    cdef readonly str label
     cdef readonly bint finalized
     cdef list _refs
     cpdef destroy(self)

@@ -105,14 +105,17 @@ cdef class Descriptor:
     ----------
     kind : str
         A key of :data:`DESCRIPTOR_TYPES`, e.g. ``"TENSOR"``.
+    label : str, optional
+        Its role (e.g. ``"x"``), named in errors.
 
     Descriptors set as attribute values are kept referenced until this one
     is destroyed, since cuDNN holds on to them.
     """
 
-    def __cinit__(self, str kind):
+    def __cinit__(self, str kind, str label=""):
         require_loaded()
         self.kind = kind
+        self.label = label
         self._refs = []
         cdef int t = DESCRIPTOR_TYPES[kind]
         check(api.BackendCreateDescriptor(t, &self.ptr), f"create {kind}")
@@ -158,7 +161,7 @@ cdef class Descriptor:
                     (<void**>buf)[i] = <void*><uintptr_t>vals[i]
                 else:
                     raise TypeError(f"{name} cannot be set")
-            check(api.BackendSetAttribute(self.ptr, attr, atype, n, buf), f"set {self.kind}.{name}")
+            check(api.BackendSetAttribute(self.ptr, attr, atype, n, buf), f"set {self._name()}.{name}")
         finally:
             free(buf)
         if element == E_DESC:
@@ -166,7 +169,7 @@ cdef class Descriptor:
 
     def finalize(self):
         """``cudnnBackendFinalize``."""
-        check(api.BackendFinalize(self.ptr), f"finalize {self.kind}")
+        check(api.BackendFinalize(self.ptr), f"finalize {self._name()}")
         self.finalized = True
 
     def get(self, str name, Py_ssize_t count=1):
@@ -176,13 +179,13 @@ cdef class Descriptor:
         cdef int64_t* ints
         cdef char* chars
         if element == E_CHAR:
-            check(api.BackendGetAttribute(self.ptr, attr, atype, 0, &got, NULL), f"get {self.kind}.{name}")
+            check(api.BackendGetAttribute(self.ptr, attr, atype, 0, &got, NULL), f"get {self._name()}.{name}")
             chars = <char*>malloc(got + 1)
             if chars == NULL:
                 raise MemoryError()
             try:
                 check(api.BackendGetAttribute(self.ptr, attr, atype, got, &got, chars),
-                      f"get {self.kind}.{name}")
+                      f"get {self._name()}.{name}")
                 chars[got] = 0
                 return chars[:got].decode("utf-8", "replace").rstrip("\0")
             finally:
@@ -194,7 +197,7 @@ cdef class Descriptor:
             raise MemoryError()
         try:
             check(api.BackendGetAttribute(self.ptr, attr, atype, count, &got, ints),
-                  f"get {self.kind}.{name}")
+                  f"get {self._name()}.{name}")
             return [ints[i] for i in range(min(got, count))]
         finally:
             free(ints)
@@ -203,7 +206,7 @@ cdef class Descriptor:
         """How many elements attribute ``name`` holds (a request for zero)."""
         attr, atype, _ = ATTRIBUTES[name]
         cdef int64_t got = 0
-        check(api.BackendGetAttribute(self.ptr, attr, atype, 0, &got, NULL), f"count {self.kind}.{name}")
+        check(api.BackendGetAttribute(self.ptr, attr, atype, 0, &got, NULL), f"count {self._name()}.{name}")
         return got
 
     def get_descriptors(self, str name, str kind, Py_ssize_t count):
@@ -224,13 +227,16 @@ cdef class Descriptor:
                 d = out[i]
                 arr[i] = d.ptr
             check(api.BackendGetAttribute(self.ptr, attr, atype, count, &got, arr),
-                  f"get {self.kind}.{name}")
+                  f"get {self._name()}.{name}")
         finally:
             free(arr)
         return out[:got]
 
+    def _name(self):
+        return f"{self.kind} '{self.label}'" if self.label else self.kind
+
     def __repr__(self):
-        return f"<cuDNN {self.kind} descriptor{' (finalized)' if self.finalized else ''}>"
+        return f"<cuDNN {self._name()} descriptor{' (finalized)' if self.finalized else ''}>"
 
 
 cdef class Handle:

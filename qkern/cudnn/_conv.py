@@ -12,13 +12,13 @@ import threading
 
 import numpy as np
 
-from qkern._conv_spec import epilogue_constants, geometry
+from qkern._conv_spec import ConvGeometry, epilogue_constants, geometry
 from qkern.cudnn import _device, _loader
 from qkern.cudnn._errors import CudnnError
 from qkern.cudnn._plancache import plan_cache
 from qkern.cudnn._spec import GraphSpec, nhwc_strides, round_up
 
-__all__ = ["CHANNEL_MULTIPLE", "QConv2d", "Staging", "choose_plan", "qconv2d", "staging"]
+__all__ = ["CHANNEL_MULTIPLE", "QConv2d", "Staging", "choose_plan", "graph_spec", "qconv2d", "staging"]
 
 # cuDNN's int8 convolutions read channels in vectors of four.
 CHANNEL_MULTIPLE = 4
@@ -70,6 +70,19 @@ def staging(x: _device.ArraySpec, out_ptr: int, cg: int, og: int) -> Staging:
                or _device.alignment(x.ptr) < MIN_ALIGNMENT)
     stage_y = round_up(og, CHANNEL_MULTIPLE) != og or _device.alignment(out_ptr) < MIN_ALIGNMENT
     return Staging(stage_x, stage_y, pitch)
+
+
+def graph_spec(g: ConvGeometry, *, bias: bool, relu: bool, per_channel: bool,
+               alignments: tuple = (16,) * 5, device: int = 0) -> GraphSpec:
+    """The cuDNN graph of geometry ``g``, channels padded per group to :data:`CHANNEL_MULTIPLE`."""
+    cgp, ogp = round_up(g.cg, CHANNEL_MULTIPLE), round_up(g.og, CHANNEL_MULTIPLE)
+    cp, op = g.groups * cgp, g.groups * ogp
+    return GraphSpec(
+        x_dims=(g.n, cp, g.h, g.w), w_dims=(op, cgp, g.kh, g.kw), y_dims=(g.n, op, g.oh, g.ow),
+        x_strides=nhwc_strides(g.n, cp, g.h, g.w), w_strides=nhwc_strides(op, cgp, g.kh, g.kw),
+        y_strides=nhwc_strides(g.n, op, g.oh, g.ow), stride=g.stride, dilation=g.dilation,
+        pre_pad=(g.pad_h[0], g.pad_w[0]), post_pad=(g.pad_h[1], g.pad_w[1]), bias=bias, relu=relu,
+        per_channel=per_channel, alignments=tuple(alignments), device=device)
 
 
 def _check_int8_device(name: str, a: _device.ArraySpec, ndim: int, device: int | None = None):
@@ -251,16 +264,10 @@ class QConv2d:
 
     def spec(self, x_shape: tuple, alignments: tuple) -> GraphSpec:
         """The :class:`GraphSpec` (and plan-cache key) of a call with ``x`` of ``x_shape``."""
-        g = geometry(x_shape, self.w_shape, **self._params)
-        cp, op = self.groups * self.cgp, self.groups * self.ogp
-        return GraphSpec(
-            x_dims=(g.n, cp, g.h, g.w), w_dims=(op, self.cgp, g.kh, g.kw),
-            y_dims=(g.n, op, g.oh, g.ow), x_strides=nhwc_strides(g.n, cp, g.h, g.w),
-            w_strides=nhwc_strides(op, self.cgp, g.kh, g.kw),
-            y_strides=nhwc_strides(g.n, op, g.oh, g.ow), stride=g.stride, dilation=g.dilation,
-            pre_pad=(g.pad_h[0], g.pad_w[0]), post_pad=(g.pad_h[1], g.pad_w[1]),
-            bias=self.epilogue.bias is not None, relu=self.epilogue.relu,
-            per_channel=self.epilogue.per_channel, alignments=alignments, device=self.device)
+        ep = self.epilogue
+        return graph_spec(geometry(x_shape, self.w_shape, **self._params), bias=ep.bias is not None,
+                          relu=ep.relu, per_channel=ep.per_channel, alignments=alignments,
+                          device=self.device)
 
     def __call__(self, x, *, out=None, stream=None):
         """Run on a CUDA array ``x`` (int8 NHWC); returns ``out`` or a new :class:`DeviceArray`.

@@ -68,7 +68,7 @@ cdef class QConvGraph:
         self._graph = None
 
     cdef Descriptor _new(self, str role, str kind):
-        d = Descriptor(kind)
+        d = Descriptor(kind, role)
         self._owned.append(d)
         self.roles.append((role, d))
         return d
