@@ -18,7 +18,8 @@ from qkern.cudnn._errors import CudnnError
 from qkern.cudnn._plancache import plan_cache
 from qkern.cudnn._spec import GraphSpec, nhwc_strides, round_up
 
-__all__ = ["CHANNEL_MULTIPLE", "QConv2d", "Staging", "choose_plan", "graph_spec", "qconv2d", "staging"]
+__all__ = ["CHANNEL_MULTIPLE", "QConv2d", "Staging", "check_out", "choose_plan", "graph_spec",
+           "pad_channels", "pad_weight", "plan_key", "qconv2d", "staging"]
 
 # cuDNN's int8 convolutions read channels in vectors of four.
 CHANNEL_MULTIPLE = 4
@@ -70,6 +71,29 @@ def staging(x: _device.ArraySpec, out_ptr: int, cg: int, og: int) -> Staging:
                or _device.alignment(x.ptr) < MIN_ALIGNMENT)
     stage_y = round_up(og, CHANNEL_MULTIPLE) != og or _device.alignment(out_ptr) < MIN_ALIGNMENT
     return Staging(stage_x, stage_y, pitch)
+
+
+def pad_weight(w: np.ndarray, groups: int) -> np.ndarray:
+    """OHWI int8 weight with C/groups and O/groups zero-padded to :data:`CHANNEL_MULTIPLE`."""
+    o, kh, kw, cg = w.shape
+    og = o // groups
+    cgp, ogp = round_up(cg, CHANNEL_MULTIPLE), round_up(og, CHANNEL_MULTIPLE)
+    out = np.zeros((groups, ogp, kh, kw, cgp), dtype=np.int8)
+    out[:, :og, :, :, :cg] = w.reshape(groups, og, kh, kw, cg)
+    return out.reshape(groups * ogp, kh, kw, cgp)
+
+
+def pad_channels(v: np.ndarray, groups: int) -> np.ndarray:
+    """A per-output-channel vector with O/groups zero-padded to :data:`CHANNEL_MULTIPLE`."""
+    og = v.shape[0] // groups
+    out = np.zeros((groups, round_up(og, CHANNEL_MULTIPLE)), dtype=v.dtype)
+    out[:, :og] = v.reshape(groups, og)
+    return out.ravel()
+
+
+def plan_key(spec: GraphSpec, autotune: bool, cudnn_version: int) -> tuple:
+    """The plan-cache key: the spec (shapes, strides, parameters, alignments, device), autotune, cuDNN."""
+    return (spec, bool(autotune), int(cudnn_version))
 
 
 def graph_spec(g: ConvGeometry, *, bias: bool, relu: bool, per_channel: bool,
@@ -234,15 +258,15 @@ class QConv2d:
                 raise ValueError(f"w: expected a dense OHWI array, got element strides {w_dev.strides}")
         self._buffers = {}
         if w_host is not None:
-            self._buffers["w"] = self._upload(dev, stream, self._pad_weight(w_host))
+            self._buffers["w"] = self._upload(dev, stream, pad_weight(w_host, self.groups))
             self._w_ptr = _device.buffer_ptr(self._buffers["w"])
         else:
             self._w_keep = w                # the caller's device weights, used in place
             self._w_ptr = w_dev.ptr
         ep = self.epilogue
         if ep.bias is not None:
-            self._buffers["bias"] = self._upload(dev, stream, self._pad_channels(ep.bias))
-        mult = self._pad_channels(ep.multiplier) if ep.per_channel else ep.multiplier
+            self._buffers["bias"] = self._upload(dev, stream, pad_channels(ep.bias, self.groups))
+        mult = pad_channels(ep.multiplier, self.groups) if ep.per_channel else ep.multiplier
         self._buffers["mult"] = self._upload(dev, stream, mult)
 
     @staticmethod
@@ -250,17 +274,6 @@ class QConv2d:
         buf = _device.allocate(dev, host.nbytes, stream)
         _device.upload(host, _device.buffer_ptr(buf), stream)
         return buf
-
-    def _pad_channels(self, v: np.ndarray) -> np.ndarray:
-        out = np.zeros((self.groups, self.ogp), dtype=v.dtype)
-        out[:, :self.og] = v.reshape(self.groups, self.og)
-        return out.ravel()
-
-    def _pad_weight(self, w: np.ndarray) -> np.ndarray:
-        o, kh, kw, cg = w.shape
-        out = np.zeros((self.groups, self.ogp, kh, kw, self.cgp), dtype=np.int8)
-        out[:, :self.og, :, :, :cg] = w.reshape(self.groups, self.og, kh, kw, cg)
-        return out.reshape(self.groups * self.ogp, kh, kw, self.cgp)
 
     def spec(self, x_shape: tuple, alignments: tuple) -> GraphSpec:
         """The :class:`GraphSpec` (and plan-cache key) of a call with ``x`` of ``x_shape``."""
@@ -325,7 +338,7 @@ class QConv2d:
             plan.execute(handle, ptrs, _device.buffer_ptr(ws))
             ws.close(strm)
 
-        plan = plan_cache.get((spec, self.autotune, version()),
+        plan = plan_cache.get(plan_key(spec, self.autotune, version()),
                               lambda: choose_plan(spec, handle, autotune=self.autotune, run=run,
                                                   stream=strm))
         run(plan)
@@ -356,6 +369,7 @@ class QConv2d:
 def qconv2d(x, w, bias=None, *, act_scale, weight_scale, out_scale, stride=1, padding=0,
             dilation=1, groups=1, relu=False, out=None, stream=None):
     """:func:`qkern.qconv2d` for a CUDA array ``x`` (a one-call :class:`QConv2d`)."""
+    _device.require_cuda()
     xs = _device.describe("x", x, -1)
     _check_int8_device("x", xs, 4)
     layer = QConv2d(w, bias, act_scale=act_scale, weight_scale=weight_scale, out_scale=out_scale,

@@ -16,7 +16,8 @@ import numpy as np
 from qkern import _dlpack
 from qkern.cudnn._errors import CudnnUnavailableError
 
-__all__ = ["ArraySpec", "DeviceArray", "alignment", "describe", "pixel_pitch", "require_device"]
+__all__ = ["ArraySpec", "DeviceArray", "alignment", "describe", "pixel_pitch", "require_cuda",
+           "require_device"]
 
 MAX_ALIGNMENT = 16
 
@@ -28,6 +29,15 @@ def _core():
     except ImportError as e:
         raise CudnnUnavailableError(f"cuda.core / cuda.bindings are not installed ({e})") from None
     return core, driver
+
+
+def require_cuda() -> None:
+    """Check that cuda.core imports and a CUDA driver with a device is present."""
+    core, _ = _core()
+    try:
+        core.Device()
+    except Exception as e:          # no driver library, no device
+        raise CudnnUnavailableError(f"no CUDA driver or device ({type(e).__name__}: {e})") from None
 
 
 def require_device(device: int):
