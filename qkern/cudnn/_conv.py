@@ -237,7 +237,7 @@ class QConv2d:
         if len(shape) != 4:
             raise ValueError(f"w: expected shape (O, kh, kw, C/groups), got {tuple(shape)}")
         o, kh, kw, cg = shape
-        # Validate stride/padding/dilation/groups once, against the smallest input they admit.
+        # Validate stride/padding/dilation/groups now, against an input large enough for any kernel.
         self._params = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
         g = geometry((1, 1 << 20, 1 << 20, cg * groups), shape, **self._params)
         self.epilogue = epilogue_constants(o, bias, act_scale=act_scale, weight_scale=weight_scale,
@@ -251,11 +251,11 @@ class QConv2d:
         dev = _device.require_device(self.device)
         _loader.ensure_loaded()
         stream = dev.default_stream
-        if w_dev is not None and (self.cgp != self.cg or self.ogp != self.og or not w_dev.dense
+        if w_dev is not None and not w_dev.dense:
+            raise ValueError(f"w: expected a dense OHWI array, got element strides {w_dev.strides}")
+        if w_dev is not None and (self.cgp != self.cg or self.ogp != self.og
                                   or _device.alignment(w_dev.ptr) < MIN_ALIGNMENT):
-            w_host = _device.download(w_dev, stream) if w_dev.dense else None
-            if w_host is None:
-                raise ValueError(f"w: expected a dense OHWI array, got element strides {w_dev.strides}")
+            w_host = _device.download(w_dev, stream)      # padded on the host, uploaded once
         self._buffers = {}
         if w_host is not None:
             self._buffers["w"] = self._upload(dev, stream, pad_weight(w_host, self.groups))
