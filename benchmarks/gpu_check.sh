@@ -14,7 +14,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/qkern-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 start=$(date +%s)
-$PY setup.py -q build_ext --inplace -j 4 >/tmp/qkern-build.log 2>&1 || { tail -40 /tmp/qkern-build.log; exit 1; }
+$PY setup.py -q build_clib build_ext --inplace >/tmp/qkern-build.log 2>&1 || { tail -40 /tmp/qkern-build.log; exit 1; }
 echo "gpu_check.sh: built qkern in $(( $(date +%s) - start )) s"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 exec $PY benchmarks/gpu_check.py --out "${OUT:-/tmp/qkern-gpu-check}" "$@"

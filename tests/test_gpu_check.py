@@ -55,4 +55,4 @@ def test_shell_wrapper_is_executable_and_calls_the_script():
     sh = ROOT / "benchmarks" / "gpu_check.sh"
     assert os.access(sh, os.X_OK)
     text = sh.read_text()
-    assert "benchmarks/gpu_check.py" in text and "build_ext --inplace" in text
+    assert "benchmarks/gpu_check.py" in text and "build_clib build_ext --inplace" in text
