@@ -102,7 +102,7 @@ def libraries():
 def extension(name):
     return Extension(
         f"qkern.{name}",
-        sources=[f"qkern/{name}.pyx"],
+        sources=[f"qkern/{name.replace('.', '/')}.pyx"],
         # The static libraries are rebuilt on every build; relink when any C
         # source or header is newer than the extension.
         depends=sorted(glob.glob("src/**/*.[ch]", recursive=True) + glob.glob("include/qkern/*.h")),
@@ -113,10 +113,21 @@ def extension(name):
     )
 
 
+def cudnn_extension(name):
+    """The cuDNN tiers: no cuDNN header or library at build time (dlopen at run time)."""
+    return Extension(
+        f"qkern.cudnn.{name}",
+        sources=[f"qkern/cudnn/{name}.pyx"],
+        extra_compile_args=["-O2"],
+        libraries=["dl"],
+    )
+
+
 setup(
     libraries=libraries(),
     ext_modules=cythonize(
-        [extension("_cpu"), extension("_woq"), extension("_roofline")],
+        [extension("_cpu"), extension("_woq"), extension("_roofline"), extension("_dlpack"),
+         cudnn_extension("_api"), cudnn_extension("_backend"), cudnn_extension("_graph")],
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,
