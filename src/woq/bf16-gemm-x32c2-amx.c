@@ -90,6 +90,7 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   size_t g = 0;
   for (; g < groups; g++, wp += 64) {
+    _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
     _mm512_store_si512(bbuf[0][g], qk512_i8_to_bf16(wp, idx));
     _mm512_store_si512(bbuf[1][g], qk512_i8_to_bf16(wp + 32, idx));
   }

@@ -71,6 +71,7 @@ QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, siz
     for (size_t i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const int8_t* wp = w;
     for (size_t k = 0; k < kc; k++, wp += 16) {
+      if ((k & 3) == 0) _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
       const __m256 w0 = i8_to_f32(wp), w1 = i8_to_f32(wp + 8);
       for (size_t i = 0; i < MR; i++) {
         const __m256 xv = bcast_x(ar[i], k, DT);

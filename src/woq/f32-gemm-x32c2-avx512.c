@@ -69,7 +69,10 @@ QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, siz
     for (size_t i = 0; i < MR; i++)
       for (size_t j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
     const int8_t* wp = w;
-    for (size_t kk = 0; kk < kpairs; kk++, wp += 64) f32_step(MR, DT, acc, ar, wp, 2 * kk, 1);
+    for (size_t kk = 0; kk < kpairs; kk++, wp += 64) {
+      _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
+      f32_step(MR, DT, acc, ar, wp, 2 * kk, 1);
+    }
     if (kc & 1) f32_step(MR, DT, acc, ar, wp, kc - 1, 0);
     for (size_t h = 0; h < 2; h++) {
       const size_t col = n0 + 16 * h;

@@ -9,8 +9,8 @@
  * fp32 FMA partial sums along k (int8 widened in-register, x widened once
  * per step and shared by the 4 columns), a horizontal sum at the end, then
  * scale (multiply), bias (add) and one rounding to the output dtype.  The K
- * tail uses masked loads: nothing is read past a row of x or w.  Rows
- * mr..3 duplicate row mr-1 and are not stored.
+ * tail uses masked loads: nothing is read past a row of x or w.  The body
+ * is specialised for each mr (1..4), so fewer rows cost fewer FMAs.
  */
 #include <string.h>
 
@@ -31,28 +31,31 @@ QK_INLINE __m512 load_w(const int8_t* row, size_t k, __mmask16 mask) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row + k)));
 }
 
-QK_INLINE void f32_gemv_x1c0(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                             size_t kc, const void* const* a, const int8_t* w,
-                             const float* scale, const float* bias, void* c,
-                             ptrdiff_t c_stride) {
+/* R (= mr, a compile-time constant) rows: a memory-bound GEMV must not
+ * spend FMAs on duplicated rows. */
+QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc,
+                         const void* const* a, const int8_t* w, const float* scale,
+                         const float* bias, void* c, ptrdiff_t c_stride) {
   const char* ar[4];
-  for (size_t i = 0; i < MR; i++) ar[i] = (const char*)a[i < mr ? i : mr - 1];
+  for (size_t i = 0; i < R; i++) ar[i] = (const char*)a[i];
   for (size_t n0 = 0; n0 < nc; n0 += 4) {
     const int8_t* wr[4];
     for (size_t j = 0; j < 4; j++) wr[j] = w + (n0 + j < nc ? n0 + j : nc - 1) * kc;
     __m512 acc[4][4];
-    for (size_t i = 0; i < MR; i++)
+    for (size_t i = 0; i < R; i++)
       for (size_t j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
     for (size_t k = 0; k < kc; k += 16) {
       const __mmask16 mask = qk512_mask(kc - k);
+      if ((k & 63) == 0) /* the same k of the next 4 rows, which follow these */
+        for (size_t j = 0; j < 4; j++) _mm_prefetch((const char*)wr[j] + 4 * kc + k, _MM_HINT_T0);
       __m512 wv[4];
       for (size_t j = 0; j < 4; j++) wv[j] = load_w(wr[j], k, mask);
-      for (size_t i = 0; i < MR; i++) {
+      for (size_t i = 0; i < R; i++) {
         const __m512 xv = load_x(ar[i], k, DT, mask);
         for (size_t j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
-    for (size_t i = 0; i < mr; i++) {
+    for (size_t i = 0; i < R; i++) {
       char* crow = (char*)c + (ptrdiff_t)i * c_stride;
       for (size_t j = 0; j < 4 && n0 + j < nc; j++) {
         float v = _mm512_reduce_add_ps(acc[i][j]) * scale[n0 + j];
@@ -60,6 +63,19 @@ QK_INLINE void f32_gemv_x1c0(const size_t MR, const qk_dtype DT, size_t mr, size
         qk_store_from_f32(crow, n0 + j, DT, v);
       }
     }
+  }
+}
+
+QK_INLINE void f32_gemv_x1c0(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
+                             size_t kc, const void* const* a, const int8_t* w,
+                             const float* scale, const float* bias, void* c,
+                             ptrdiff_t c_stride) {
+  (void)MR;
+  switch (mr) {
+    case 1: gemv_rows(1, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
+    case 2: gemv_rows(2, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
+    case 3: gemv_rows(3, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
+    default: gemv_rows(4, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
   }
 }
 

@@ -15,6 +15,7 @@ void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, 
   char* dst = (char*)out;
   for (size_t p = 0; p < panels; p++) {
     for (size_t g = 0; g < groups; g++, packed += 64, dst += 128) {
+      _mm_prefetch((const char*)packed + QK_PREFETCH_BYTES, _MM_HINT_T0);
       _mm512_storeu_si512(dst, qk512_i8_to_bf16(packed, idx));
       _mm512_storeu_si512(dst + 64, qk512_i8_to_bf16(packed + 32, idx));
     }
