@@ -30,7 +30,7 @@ Everything is measured in this one run, side by side:
 
 Each row: median time of one call with min and max, GFLOP/s, weight GB/s
 (bytes of the weight / t), % of the roofline (the larger of weight bytes /
-bandwidth and flops / the best peak for the dtype, over t), and each peer's
+bandwidth and flops / the peak of the kernel's instruction, over t), and each peer's
 time over qkern's (bfloat16) on the same shape.
 """
 
@@ -68,12 +68,11 @@ _PEER_SHAPES = {True: [(4096, 4096)],
 # Odd shapes: (M, N, K), each compared with the nearest aligned shape.
 _ODD_SHAPES = {True: [], False: [(7, 1000, 4095), (33, 4097, 1023)]}
 
-# The instruction whose peak bounds each dtype's kernels, best first.
-_PEAK_FOR_DTYPE = {
-    "bfloat16": ("tdpbf16ps", "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm"),
-    "float16": ("vfmadd231ps zmm", "vfmadd231ps ymm"),
-    "float32": ("vfmadd231ps zmm", "vfmadd231ps ymm"),
-}
+# The instruction that does a kernel's multiply-adds, by the kernel's ISA
+# (the portable reference is held to the AVX2 FMA peak).
+_PEAK_FOR_ISA = {"amx": "tdpbf16ps", "avx512_bf16": "vdpbf16ps zmm",
+                 "avx512": "vfmadd231ps zmm", "avx2": "vfmadd231ps ymm",
+                 "ref": "vfmadd231ps ymm"}
 
 
 @dataclass(frozen=True)
@@ -260,10 +259,16 @@ def _to_torch(torch, a: np.ndarray):
     return torch.from_numpy(a).clone()
 
 
-def _roofline_seconds(roof, dtype: str, m: int, n: int, k: int, threads: int) -> float:
-    """The roofline's time for one call: max(weight bytes / bandwidth, flops / peak)."""
-    peak = next(roof.best_peak(i, threads) for i in _PEAK_FOR_DTYPE[dtype] if i in roof.peaks)
-    return max(n * k / (roof.best_bandwidth(threads) * 1e9), 2.0 * m * n * k / (peak * 1e9))
+def _roofline_seconds(roof, kern, dtype: str, m: int, n: int, k: int, threads: int) -> float:
+    """The roofline's time for one call of ``kern``: max(weight bytes / bandwidth,
+    flops / the peak of its instruction), flops counting each bf16 plane of a
+    split float16/float32 activation."""
+    instruction = _PEAK_FOR_ISA[kern.isa]
+    if kern.name.startswith("bf16") and kern.isa == "avx512_bf16":
+        instruction = "vdpbf16ps zmm"
+    flops = 2.0 * m * n * k * kern.planes(dtype)
+    return max(n * k / (roof.best_bandwidth(threads) * 1e9),
+               flops / (roof.best_peak(instruction, threads) * 1e9))
 
 
 class _Problem:
@@ -357,7 +362,8 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
                            threads=threads, copies=prob.copies,
                            ratio_vs_qkern=t.median / ours)
                 if name.startswith("qkern "):
-                    row["pct_roofline"] = 100 * _roofline_seconds(roof, dtype, m, n, k,
+                    kern = qkern.dispatch.get_kernel(kernel)
+                    row["pct_roofline"] = 100 * _roofline_seconds(roof, kern, dtype, m, n, k,
                                                                   threads) / t.median
                 rows.append(row)
         del prob
