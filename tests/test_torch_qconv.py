@@ -18,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import qkern
-from qconv_reference import conv_accumulator, qconv2d_reference, requantize
+from qconv_reference import conv_accumulator, qconv2d_reference, requantize, tie_window
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
 import qkern.torch as qt  # noqa: E402  (needs torch)
@@ -188,29 +188,6 @@ ENGINES = [pytest.param(e, marks=() if e in torch.backends.quantized.supported_e
            for e in ("fbgemm", "x86", "onednn", "qnnpack")]
 
 
-def _tie_window(x, wt, bias, kw, conv_kw, *, slack, absolute):
-    """Where the exact ``t`` lies near a half-integer: the elements where two epilogues may differ.
-
-    Near: within ``slack * 2**-24 * (|acc| m + |bias| / out_scale) + absolute``.
-
-    ``t = (acc * act_scale * weight_scale + bias) / out_scale`` in float64 from
-    the fp32-rounded scales, ``acc`` exact. A sequence of fp32 operations
-    that folds the scales and applies them to ``acc`` and ``bias``, with at
-    most four roundings on each term, stays within ``4 * 2**-24 * (|acc| m
-    + |bias| / out_scale)`` of it (first order); two such sequences, within
-    twice that of each other. ``absolute`` covers a rounding of ``t`` itself
-    to a coarser grid.
-    """
-    f64 = np.float64
-    acc = conv_accumulator(x, wt, **conv_kw).astype(f64)
-    s = f64(np.float32(kw["act_scale"])) * np.asarray(kw["weight_scale"], np.float32).astype(f64)
-    out = f64(np.float32(kw["out_scale"]))
-    b = np.zeros(wt.shape[0]) if bias is None else bias.astype(f64)
-    t = (acc * s + b) / out
-    dist = np.abs(t - np.floor(t) - 0.5)
-    return dist <= slack * 2.0**-24 * (np.abs(acc) * s / out + np.abs(b) / out) + absolute
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 def test_parity_with_pytorch_quantized_conv(engine, record_property):
     """``torch.ops.quantized.conv2d`` on this CPU against qkern.torch.qconv2d, with the error analysis.
@@ -229,7 +206,7 @@ def test_parity_with_pytorch_quantized_conv(engine, record_property):
       where the grid is ``2**-16`` (at ``t = 0.5000059`` it gave 0, qkern 1).
       A difference of 1 is allowed only where the exact ``t`` lies within
       ``8 * 2**-24 * (|acc| m + |bias| / out_scale) + 2**-17`` of a
-      half-integer (:func:`_tie_window`). Per-tensor weight scales here are
+      half-integer (``qconv_reference.tie_window``). Per-tensor weight scales here are
       0.004, so that exact ties (``acc * m`` a half-integer) occur.
     - qnnpack first quantizes the bias to int32, ``round(bias / (act_scale *
       weight_scale))``: ``v`` moves by up to 1/2, so ``y`` can differ by 1
@@ -279,7 +256,7 @@ def test_parity_with_pytorch_quantized_conv(engine, record_property):
                                                   err_msg=label)
                 elif engine in ("onednn", "x86"):
                     assert (np.abs(theirs.astype(np.int16) - ours) <= 1).all(), label
-                    window = _tie_window(x, wt, bias, kw, conv_kw, slack=8, absolute=2.0**-17)
+                    window = tie_window(x, wt, bias, kw, conv_kw, slack=8, absolute=2.0**-17)
                     assert not (differ & ~window).any(), label
                 else:
                     np.testing.assert_array_equal(theirs, ours, err_msg=label)
