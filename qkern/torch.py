@@ -651,10 +651,10 @@ def _unquantize(name: str, t: torch.Tensor, scale, scale_name: str, per_channel:
     return _int8_view(t), scale
 
 
-def _float(name: str, v) -> float:
+def _float(name: str, v, expected: str = "a float") -> float:
     """A Python float from a real number (the op's schema takes ``float``)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a float, got {type(v).__name__}")
+        raise TypeError(f"{name}: expected {expected}, got {type(v).__name__}")
     return float(v)
 
 
@@ -662,7 +662,8 @@ def _scale_tensor(weight_scale) -> torch.Tensor:
     """``weight_scale`` (a float or a tensor) as the op takes it: a float32 tensor, 0-d or (O,)."""
     if isinstance(weight_scale, torch.Tensor):
         return weight_scale
-    return torch.tensor(_float("weight_scale", weight_scale), dtype=torch.float32)
+    return torch.tensor(_float("weight_scale", weight_scale, "a float or a float32 tensor"),
+                        dtype=torch.float32)
 
 
 def qconv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -301,8 +301,10 @@ def _per_channel_w(scales, zero_points, axis=0):
      r"weight_scale: expected shape \(\) or \(2,\)"),
     (lambda x, w, b: (x, w, b), dict(S, weight_scale=torch.ones(2, dtype=torch.float64)),
      TypeError, "weight_scale: expected dtype float32"),
-    (lambda x, w, b: (x, w, b), dict(S, weight_scale="0.1"), TypeError,
-     "weight_scale: expected a float"),
+    (lambda x, w, b: (x, w, b), dict(S, weight_scale=np.ones(2, np.float32)), TypeError,
+     "weight_scale: expected a float or a float32 tensor, got ndarray"),
+    (lambda x, w, b: (x, w, b), dict(S, out_scale="0.1"), TypeError,
+     "out_scale: expected a float, got str"),
     (lambda x, w, b: (x, w, b), dict(S, weight_scale=torch.tensor([1.0, -1.0])), ValueError,
      "weight_scale: expected finite values > 0"),
     (lambda x, w, b: (x, w, b), dict(S, out_scale=0.0), ValueError, "out_scale"),
@@ -541,6 +543,9 @@ def test_module_bad_arguments():
     layer = qt.QConv2d(w, act_scale=0.1, weight_scale=0.1, out_scale=0.1)
     with pytest.raises(ValueError, match=r"C/groups=3 \(C=3, groups=1\)"):
         layer(torch.zeros(1, 3, 5, 5, dtype=torch.int8))
+    # Module.half() converts the float32 buffers: rejected, not computed in float16.
+    with pytest.raises(TypeError, match="weight_scale: expected dtype float32, got torch.float16"):
+        layer.half()(torch.zeros(1, 2, 5, 5, dtype=torch.int8))
 
 
 def test_state_dict_round_trip():
