@@ -5,11 +5,13 @@ benchmarks/gpu_check.sh has built qkern):
 
 1. runs the GPU-marked tests (tests/test_qconv_gpu.py: >= 200 hypothesis
    shapes against the exact reference, the cudnn-frontend cross-check,
-   the rounding/saturation probe, plans, interop), collecting their report;
-2. times qkern (QConv2d, plans cached; and autotuned) against the
-   cudnn-frontend graph, cuDNN's fp16 NHWC convolution through PyTorch and
-   ``torch.ops.quantized.conv2d`` when that exists, on ResNet-like layers,
-   recording the engine and form qkern ran;
+   the rounding/saturation probe, plans, interop; tests/test_torch_qconv_gpu.py:
+   qkern.torch on CUDA tensors, streams, the module's device layer, parity
+   with PyTorch's cuDNN quantized conv), collecting their report;
+2. times qkern (QConv2d, plans cached; and autotuned; and qkern.torch.QConv2d
+   on a channels_last tensor) against the cudnn-frontend graph, cuDNN's fp16
+   NHWC convolution through PyTorch and ``torch.ops.quantized.conv2d`` when
+   that exists, on ResNet-like layers, recording the engine and form qkern ran;
 3. prints a short table last, and writes everything to --out as JSON.
 
 Without a GPU it says so and exits with status 2, before doing anything.
@@ -35,6 +37,9 @@ LAYERS = [
     ("resnet 14x14 1x1 256->1024", 8, 14, 14, 256, 1024, 1, 1, 0),
     ("stem 224 7x7/2 3->64", 8, 224, 224, 3, 64, 7, 2, 3),
 ]
+
+
+TEST_FILES = ("test_qconv_gpu.py", "test_torch_qconv_gpu.py")
 
 
 def gpu_reason() -> str | None:
@@ -74,8 +79,8 @@ def run_tests(out: Path, examples: int) -> dict:
                                            os.environ.get("PYTHONPATH", "")]))
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           str(ROOT / "tests" / "test_qconv_gpu.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True)
+                           *(str(ROOT / "tests" / name) for name in TEST_FILES)], env=env,
+                          cwd=ROOT, capture_output=True, text=True)
     lines = [json.loads(s) for s in report.read_text().splitlines()] if report.exists() else []
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "(no output)"
     print(proc.stdout[-6000:], proc.stderr[-2000:], sep="\n")
@@ -129,11 +134,26 @@ def bench(out: Path) -> list[dict]:
         conv = torch.nn.Conv2d(c, o, k, s, p).cuda().half().to(memory_format=torch.channels_last)
         with torch.no_grad():
             row["torch fp16 NHWC"] = median_ms(lambda: conv(xh), sync)
+        row["qkern.torch"] = torch_layer(torch, xt, wt, bias, kw, sync)
         row["torch quantized"] = quantized_peer(torch, n, h, w, c, o, k, s, p, sync)
         rows.append(row)
         print(json.dumps(row), flush=True)
     (out / "bench.json").write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def torch_layer(torch, xt, wt, bias, kw, sync):
+    """qkern.torch.QConv2d on the channels_last view of NHWC ``xt``, a new output per call."""
+    import qkern.torch as qt
+
+    try:
+        layer = qt.QConv2d(torch.from_numpy(wt).permute(0, 3, 1, 2).cuda(),
+                           torch.from_numpy(bias), **kw)
+        x = xt.permute(0, 3, 1, 2)
+        with torch.no_grad():
+            return median_ms(lambda: layer(x), sync)
+    except Exception as e:                        # recorded, not fatal: the table says why
+        return f"failed: {type(e).__name__}: {e}"[:200]
 
 
 def quantized_peer(torch, n, h, w, c, o, k, s, p, sync):
@@ -163,20 +183,25 @@ def table(tests: dict, rows: list[dict]) -> str:
     mism = sum(r["mismatches"] for r in hyp)
     rounding = next((r for r in recs if r["test"] == "rounding"), {})
     frontend = next((r for r in recs if r["test"] == "frontend"), {})
+    parity = next((r for r in recs if r["test"] == "torch cudnn parity"), {})
     lines = [
         f"GPU tests: {tests['summary']} ({tests['seconds']:.0f} s)",
         f"hypothesis shapes: {len(hyp)}, elements {elements}, mismatches {mism} "
         f"({mism / max(elements, 1):.2e}), all at fp32 ties by the test's assertion",
         f"rounding: {rounding.get('mode', '?')}, saturates: {rounding.get('saturates', '?')}; "
         f"frontend mismatches: {frontend.get('mismatches', '?')} of {frontend.get('elements', '?')}",
+        f"torch.ops.quantized.conv2d (cuDNN) vs qkern.torch: mismatches "
+        f"{parity.get('mismatches', '?')} of {parity.get('elements', '?')}, all at fp32 ties "
+        "by the test's assertion",
         "",
-        f"{'layer':30s} {'GOP':>6s} {'qkern':>8s} {'autotune':>8s} {'frontend':>8s} "
-        f"{'fp16':>8s} {'torch q':>8s}  engine/form (ms, medians)",
+        f"{'layer':30s} {'GOP':>6s} {'qkern':>8s} {'autotune':>8s} {'q.torch':>8s} "
+        f"{'frontend':>8s} {'fp16':>8s} {'torch q':>8s}  engine/form (ms, medians)",
     ]
     for r in rows:
         plan = r["qkern plan"]
         lines.append(f"{r['layer']:30s} {r['gop']:6.1f} {fmt(r['qkern']):>8s} "
-                     f"{fmt(r['qkern autotune']):>8s} {fmt(r['cudnn-frontend']):>8s} "
+                     f"{fmt(r['qkern autotune']):>8s} {fmt(r.get('qkern.torch')):>8s} "
+                     f"{fmt(r['cudnn-frontend']):>8s} "
                      f"{fmt(r['torch fp16 NHWC']):>8s} {fmt(r['torch quantized']):>8s}  "
                      f"{plan['engine']}/{plan['form']}")
     return "\n".join(lines)

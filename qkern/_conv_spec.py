@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ConvGeometry", "Epilogue", "epilogue_constants", "geometry"]
+__all__ = ["ConvGeometry", "Epilogue", "epilogue_constants", "geometry", "pair", "padding_pairs"]
 
 
-def _pair(name: str, v) -> tuple[int, int]:
+def pair(name: str, v) -> tuple[int, int]:
+    """``v`` (an int or a pair of ints) as a pair of Python ints; TypeError otherwise."""
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {v!r}")
     if isinstance(v, (int, np.integer)):
@@ -31,12 +32,12 @@ def _pair(name: str, v) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _padding(v) -> tuple[tuple[int, int], tuple[int, int]]:
-    """``p``, ``(ph, pw)`` or ``((top, bottom), (left, right))``."""
+def padding_pairs(v) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Padding given as ``p``, ``(ph, pw)`` or ``((top, bottom), (left, right))``, in the last form."""
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(e, (tuple, list)) for e in v):
-        (t, b), (l, r) = _pair("padding", v[0]), _pair("padding", v[1])
+        (t, b), (l, r) = pair("padding", v[0]), pair("padding", v[1])
     else:
-        (t, l) = _pair("padding", v)
+        (t, l) = pair("padding", v)
         b, r = t, l
     if min(t, b, l, r) < 0:
         raise ValueError(f"padding: expected values >= 0, got {v!r}")
@@ -119,8 +120,8 @@ def geometry(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1) -> 
     if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, (int, np.integer)):
         raise TypeError(f"groups: expected an int, got {groups!r}")
     groups = int(groups)
-    stride, dilation = _pair("stride", stride), _pair("dilation", dilation)
-    pad_h, pad_w = _padding(padding)
+    stride, dilation = pair("stride", stride), pair("dilation", dilation)
+    pad_h, pad_w = padding_pairs(padding)
     if min(stride) < 1:
         raise ValueError(f"stride: expected values >= 1, got {stride}")
     if min(dilation) < 1:

@@ -75,3 +75,28 @@ def qconv2d_reference(x, w, bias=None, *, act_scale, weight_scale, out_scale, st
     acc = conv_accumulator(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
     return requantize(acc, bias, act_scale=act_scale, weight_scale=weight_scale,
                       out_scale=out_scale, relu=relu)
+
+
+def tie_window(x, w, bias, kw, conv_kw, *, slack, absolute=0.0):
+    """Where the exact ``t`` lies near a half-integer: where two fp32 epilogues may round apart.
+
+    Near: within ``slack * 2**-24 * (|acc| m + |bias| / out_scale) + absolute``.
+    ``kw`` holds act_scale, weight_scale (float or (O,)) and out_scale;
+    ``conv_kw`` the geometry arguments of :func:`conv_accumulator`.
+
+    ``t = (acc * act_scale * weight_scale + bias) / out_scale`` in float64 from
+    the fp32-rounded scales, ``acc`` exact. A sequence of fp32 operations
+    that folds the scales and applies them to ``acc`` and ``bias``, with at
+    most four roundings on each term, stays within ``4 * 2**-24 * (|acc| m
+    + |bias| / out_scale)`` of it (first order); two such sequences, within
+    twice that of each other. ``absolute`` covers a rounding of ``t`` itself
+    to a coarser grid.
+    """
+    f64 = np.float64
+    acc = conv_accumulator(x, w, **conv_kw).astype(f64)
+    s = f64(np.float32(kw["act_scale"])) * np.asarray(kw["weight_scale"], np.float32).astype(f64)
+    out = f64(np.float32(kw["out_scale"]))
+    b = np.zeros(w.shape[0]) if bias is None else bias.astype(f64)
+    t = (acc * s + b) / out
+    dist = np.abs(t - np.floor(t) - 0.5)
+    return dist <= slack * 2.0**-24 * (np.abs(acc) * s / out + np.abs(b) / out) + absolute

@@ -29,10 +29,12 @@ def test_table_from_recorded_results():
         {"test": "hypothesis", "elements": 3000, "mismatches": 2, "ties": 9},
         {"test": "rounding", "mode": "half-to-even", "saturates": True, "ties": []},
         {"test": "frontend", "elements": 500, "mismatches": 0},
+        {"test": "torch cudnn parity", "elements": 800, "mismatches": 1},
     ]}
     rows = [{"layer": "resnet 56x56 3x3 64->64", "gop": 14.8, "qkern": (0.5, 0.4, 0.7),
              "qkern plan": {"engine": 12, "form": "virtual", "workspace": 0},
-             "qkern autotune": (0.45, 0.4, 0.5), "cudnn-frontend": (0.5, 0.4, 0.6),
+             "qkern autotune": (0.45, 0.4, 0.5), "qkern.torch": (0.55, 0.5, 0.6),
+             "cudnn-frontend": (0.5, 0.4, 0.6),
              "torch fp16 NHWC": (0.3, 0.29, 0.4),
              "torch quantized": "unavailable: NotImplementedError: x"}]
     text = gpu_check.table(tests, rows)
@@ -40,8 +42,14 @@ def test_table_from_recorded_results():
     assert lines[0] == "GPU tests: 7 passed in 80.0s (80 s)"
     assert "hypothesis shapes: 2, elements 4000, mismatches 2 (5.00e-04)" in lines[1]
     assert "rounding: half-to-even, saturates: True; frontend mismatches: 0 of 500" == lines[2]
+    assert lines[3].startswith("torch.ops.quantized.conv2d (cuDNN) vs qkern.torch: "
+                               "mismatches 1 of 800")
     assert lines[-1].split()[-1] == "12/virtual"
-    assert "0.500" in lines[-1] and "0.450" in lines[-1] and "unavailable" in lines[-1]
+    assert lines[-1].split()[5:8] == ["0.500", "0.450", "0.550"]
+    assert "unavailable" in lines[-1]
+    # Rows recorded before the torch layer was timed have no such column.
+    del rows[0]["qkern.torch"]
+    assert gpu_check.table(tests, rows).splitlines()[-1].split()[7] == "-"
 
 
 def test_median_ms_and_fmt():

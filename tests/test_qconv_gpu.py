@@ -5,15 +5,11 @@ Every test here is marked ``gpu`` and skips, with the reason, where no CUDA
 device, cuda.core or cuDNN is available; those skips are expected on CPU
 machines and in CI (see benchmarks/gpu_check.py, which runs them on a GPU).
 
-Tolerance: the graph applies the same fp32 operations to the same fp32
-constants as the reference, so results are equal except possibly where
-``t = v * m`` lies within fp32 rounding of a half-integer (rounding mode of
-the device's float->int8 conversion, and f32(acc) for |acc| > 2**24): there
-a difference of 1 is allowed and counted.  The mismatch rate is written to
-$QKERN_GPU_REPORT (JSON lines) when set.
+Tolerance (gpu_support.compare): equal to the reference except by 1 where
+``t = v * m`` lies within fp32 rounding of a half-integer; the mismatch rate
+is written to $QKERN_GPU_REPORT (JSON lines) when set.
 """
 
-import json
 import os
 
 import numpy as np
@@ -22,27 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkern
-from qconv_reference import conv_accumulator, qconv2d_reference
+from gpu_support import compare, gpu_reason, report
+from qconv_reference import qconv2d_reference
 
 pytestmark = pytest.mark.gpu
 
-
-def _gpu_reason():
-    try:
-        import cuda.core  # noqa: F401
-    except ImportError:
-        return "cuda-core is not installed"
-    from qkern.cudnn import CudnnUnavailableError, _device
-
-    try:
-        _device.require_cuda()
-        qkern.cudnn.load()
-    except CudnnUnavailableError as e:
-        return str(e)
-    return None
-
-
-REASON = _gpu_reason()
+REASON = gpu_reason()
 if REASON is not None:
     pytest.skip(f"no GPU path here: {REASON}", allow_module_level=True)
 
@@ -58,41 +39,6 @@ def to_device(a: np.ndarray):
     buf = _device.allocate(DEV, a.nbytes, STREAM)
     _device.upload(a, _device.buffer_ptr(buf), STREAM)
     return _device.DeviceArray(buf, a.shape, 0, STREAM)
-
-
-def report(record: dict):
-    path = os.environ.get("QKERN_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def near_half(x, w, bias, kw):
-    """Where v*m (fp32) is within 2 ulp of a half-integer: the only places a difference may occur."""
-    f32 = np.float32
-    acc = conv_accumulator(x, w, stride=kw["stride"], padding=kw["padding"],
-                           dilation=kw["dilation"], groups=kw["groups"])
-    ep = qkern._conv_spec.epilogue_constants(w.shape[0], bias, act_scale=kw["act_scale"],
-                                             weight_scale=kw["weight_scale"],
-                                             out_scale=kw["out_scale"], relu=kw["relu"])
-    v = acc.astype(np.float64).astype(f32)
-    if ep.bias is not None:
-        v = v + ep.bias
-    if ep.relu:
-        v = np.maximum(v, f32(0))
-    t = (v * ep.multiplier).astype(f32)
-    frac = np.abs(t - np.floor(t) - f32(0.5))
-    return frac <= 2 * np.spacing(np.abs(t).astype(f32))
-
-
-def compare(y, ref, x, w, bias, kw, label):
-    diff = y.astype(np.int16) - ref.astype(np.int16)
-    bad = diff != 0
-    allowed = near_half(x, w, bias, kw)
-    report({"test": label, "elements": int(y.size), "mismatches": int(bad.sum()),
-            "ties": int(allowed.sum())})
-    assert (np.abs(diff) <= 1).all(), f"{label}: max |diff| {np.abs(diff).max()}"
-    assert not (bad & ~allowed).any(), f"{label}: {int((bad & ~allowed).sum())} off-tie mismatches"
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
