@@ -66,8 +66,10 @@ QK_INLINE void copy_a(size_t mr, const void* const* a, size_t k0, size_t kc,
                       uint16_t abuf[16][32]) {
   const size_t n = kc - k0;
   const __mmask32 mask = n >= 32 ? (__mmask32)~0u : (__mmask32)((1u << n) - 1u);
-  for (size_t i = 0; i < mr; i++)
+  for (size_t i = 0; i < mr; i++) {
+    QK_ASAN_CHECK((const uint16_t*)a[i] + k0, 2 * (n >= 32 ? 32 : n), 0);
     _mm512_store_si512(abuf[i], _mm512_maskz_loadu_epi16(mask, (const uint16_t*)a[i] + k0));
+  }
 }
 
 /* Word indices of the high halves of the 32 f32 lanes of two vectors. */
@@ -124,10 +126,12 @@ QK_INLINE void bf16_gemm_x32c2_amx(const size_t MR, const qk_dtype DT, size_t mr
       if (!direct) copy_a(mr, a, k0, kc, abuf);
       widen_b(w + 64 * g0, groups - g0 < 16 ? groups - g0 : 16, bbuf);
       QK_MEMORY_BARRIER();
-      if (direct)
+      if (direct) {
+        for (size_t i = 0; i < mr; i++) QK_ASAN_CHECK(a0 + 2 * k0 + (ptrdiff_t)i * a_stride, 64, 0);
         _tile_loadd(TILE_A, a0 + 2 * k0, a_stride);
-      else
+      } else {
         _tile_loadd(TILE_A, abuf, 64);
+      }
       _tile_loadd(TILE_B0, bbuf[0], 64);
       _tile_loadd(TILE_B1, bbuf[1], 64);
       _tile_dpbf16ps(TILE_C0, TILE_A, TILE_B0);
