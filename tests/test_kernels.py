@@ -106,6 +106,37 @@ def test_kernel_strided_x(kern):
     assert np.array_equal(layer(col_strided), expect)
 
 
+def _unaligned(shape, dtype, fill):
+    """An array of `shape` one byte past an aligned address (NumPy allows it)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(int(np.prod(shape)) * dtype.itemsize + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + 1
+    a = raw[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    a[...] = fill
+    assert not a.flags.aligned
+    return a
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_unaligned_x_and_out(kern):
+    """x and out not aligned to their element size: same bits as aligned arrays.
+
+    Regression: the reference kernels read and wrote elements through typed
+    pointers, undefined behaviour on a misaligned row (UBSan reported it).
+    """
+    rng = np.random.default_rng(5)
+    for dtype in DTYPES:
+        if dtype.name not in kern.dtypes:
+            continue
+        m, n, k = kern.mr + 1, kern.nr + 3, 2 * kern.kr + 37
+        x, w, s, b = _data(rng, m, n, k, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        expect = layer(x)
+        out = _unaligned((m, n), dtype, POISON)
+        assert layer(_unaligned((m, k), dtype, x), out=out) is out
+        assert np.array_equal(out.view(np.uint8), expect.view(np.uint8))
+
+
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_thread_count_invariant(kern):
     """Bitwise identical for 1 and 2 threads and for repeated runs."""
