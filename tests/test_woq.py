@@ -227,7 +227,8 @@ def test_bad_arguments(mutate, exc, match):
     ({"out": np.zeros((2, 3), np.float16)}, TypeError, "out: expected dtype float32"),
     ({"out": np.zeros((3, 2), np.float32).T}, ValueError, "out: expected unit stride"),
     ({"out": np.zeros((2, 3), np.float32).tolist()}, TypeError, "out: expected a numpy.ndarray"),
-    ({"num_threads": 0}, ValueError, "num_threads: expected >= 1"),
+    ({"num_threads": 0}, ValueError, "num_threads: expected 1 to 2147483647"),
+    ({"num_threads": 2**31}, ValueError, "num_threads: expected 1 to 2147483647"),
     ({"num_threads": 1.5}, TypeError, "num_threads: expected an int"),
     ({"num_threads": True}, TypeError, "num_threads: expected an int"),
 ])
@@ -252,6 +253,15 @@ def test_read_only_and_overlapping_out_rejected_untouched():
     sbuf = np.ones(9, np.float32)
     with pytest.raises(ValueError, match="out: overlaps scales"):
         qkern.weight_int8pack_mm(x, w, sbuf[:3], out=sbuf[1:7].reshape(2, 3))
+    # Regression (found by fuzzing): rows of out that overlap one another were
+    # accepted, and threads wrote different rows to the same bytes.
+    obuf = np.full(8, 5.0, np.float32)
+    for row_stride in (0, 4, -8):
+        out = np.lib.stride_tricks.as_strided(obuf[4:] if row_stride < 0 else obuf, (2, 3),
+                                              (row_stride, 4))
+        with pytest.raises(ValueError, match="out: rows overlap each other"):
+            qkern.weight_int8pack_mm(x, w, s, out=out)
+    assert (obuf == 5).all()
 
 
 def test_woqlinear_bad_arguments():
