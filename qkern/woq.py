@@ -100,6 +100,8 @@ def _check_out(out, shape: tuple, dtype, inputs: tuple):
         raise TypeError(f"out: expected dtype {np.dtype(dtype)} (the dtype of x), got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError("out: the array is read-only")
+    if out.size == 0:  # nothing is written: any strides will do, as for NumPy
+        return out, 0
     stride = _row_stride(shape[:-1], out.strides[:-1])
     if (shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None:
         raise ValueError("out: expected unit stride along the last axis and rows one "
@@ -135,8 +137,9 @@ def _pack(w: np.ndarray, layout: tuple) -> np.ndarray:
 def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
     nr, kr = layout
     kp = -(-k // kr) * kr
-    panels = packed.reshape(-1, kp // kr, nr, kr)
-    return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(-1, kp)[:n, :k])
+    n_panels = -(-n // nr)
+    panels = packed.reshape(n_panels, kp // kr, nr, kr)
+    return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(n_panels * nr, kp)[:n, :k])
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,

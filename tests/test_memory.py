@@ -153,10 +153,11 @@ def _peak_traced(fn) -> int:
 
 
 def test_broadcast_x_with_strided_last_axis_copies_distinct_rows_only():
-    """Regression (found building the fuzz targets' huge shapes): x broadcast over M rows (stride 0) with a
-    stepped last axis was copied whole: for M = 2**15 + 1, K = 2**16, that is
-    8 GiB for 256 KiB of distinct data.  Only the distinct rows are copied now,
-    so M = 4096 rows cost what one row costs (the whole copy would be 64 MiB)."""
+    """Regression (found building the fuzz targets' huge shapes): x broadcast
+    over M rows (stride 0) with a stepped last axis was copied whole: for
+    M = 2**15 + 1, K = 2**16, 8 GiB for 256 KiB of distinct data.  Only the
+    distinct rows are copied now, so M = 4096 rows cost what one row costs
+    (the whole copy would be 64 MiB)."""
     k, m = 4096, 4096
     row = np.zeros(2 * k, np.float32)[::2]  # last axis stepped: x must be copied
     row[:] = np.arange(k) % 7 - 3

@@ -149,6 +149,29 @@ def test_woqlinear_pickle_nbytes_weight_roundtrip():
     assert "N=45" in repr(layer)
 
 
+@pytest.mark.parametrize("shape", [(3, 0), (0, 5), (0, 0)])
+def test_woqlinear_empty_weight_unpacks_and_pickles(shape):
+    """Regression (found by fuzzing): weight() and pickling raised ValueError
+    for K = 0 (an ambiguous reshape of the empty packed buffer)."""
+    w = np.zeros(shape, np.int8)
+    layer = qkern.WoqLinear(w, np.ones(shape[0], np.float32))
+    assert layer.weight().shape == shape
+    clone = pickle.loads(pickle.dumps(layer))
+    assert clone.shape == shape
+    y = clone(np.ones((2, shape[1]), np.float32))
+    assert y.shape == (2, shape[0]) and (y == 0).all()
+
+
+def test_empty_out_any_strides():
+    """An out with no elements is never written, so its strides do not matter
+    (as for NumPy, which calls every empty array contiguous).  Regression
+    (found by fuzzing): one with rows not one stride apart was refused."""
+    x = np.ones((0, 4, 3, 5), np.float32)
+    w = np.ones((2, 5), np.int8)
+    out = np.lib.stride_tricks.as_strided(np.ones(1, np.float32), (0, 4, 3, 2), (-168, 8, 40, 4))
+    assert qkern.weight_int8pack_mm(x, w, np.ones(2, np.float32), out=out) is out
+
+
 def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
     w = np.ones((64, 64), dtype=np.int8)
     layer = qkern.WoqLinear(w, np.ones(64, np.float32))
