@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import mmap
 import os
 import pickle
 
@@ -105,20 +106,20 @@ def _address(a: np.ndarray) -> int:
 class Buffers:
     """The buffers a call's arrays live in, to check what the call wrote.
 
-    A buffer is checked whole, except one larger than `SPARSE` bytes (rows
-    more than 2**31 bytes apart): only the bytes around its array's elements
-    are checked there, and the rest of it is never touched, so it costs
-    address space, not memory.
+    A buffer is checked whole, except a sparse one (for rows more than 2**31
+    bytes apart): only the bytes around its array's elements are checked
+    there.  A sparse buffer is an anonymous mapping of its own, never touched
+    elsewhere, so it costs address space, not memory (nor, under
+    AddressSanitizer, gigabytes of shadow memory to poison).
     """
-
-    SPARSE = 1 << 26
 
     def __init__(self):
         self._bufs = []
         self._regions = []  # (buffer, first byte, end byte) to compare with the snapshot
         self._saved = []
 
-    def array(self, shape: tuple, dtype, strides: tuple, offset: int) -> np.ndarray:
+    def array(self, shape: tuple, dtype, strides: tuple, offset: int,
+              sparse: bool = False) -> np.ndarray:
         """A writeable view of a fresh zeroed buffer, MARGIN bytes clear of its ends.
 
         ``offset`` is added to the byte offset of element 0; strides may be
@@ -130,10 +131,11 @@ class Buffers:
             if n > 1:
                 lo, hi = (lo + (n - 1) * s, hi) if s < 0 else (lo, hi + (n - 1) * s)
         start = MARGIN + offset - lo
-        buf = np.zeros(start + hi + dtype.itemsize + MARGIN, dtype=np.uint8)
+        size = start + hi + dtype.itemsize + MARGIN
+        buf = np.frombuffer(mmap.mmap(-1, size), np.uint8) if sparse else np.zeros(size, np.uint8)
         a = np.ndarray(shape, dtype, buffer=buf, offset=start, strides=strides)
         self._bufs.append(buf)
-        if buf.nbytes <= self.SPARSE:
+        if not sparse:
             self._regions.append((buf, 0, buf.nbytes))
         elif a.size:  # runs of bytes within 2 * MARGIN of each other, plus MARGIN around
             at = np.unique(_byte_offsets(a)) + start
@@ -193,7 +195,7 @@ def _place(draw: Draw, bufs: Buffers, values: np.ndarray, shape: tuple, far=Fals
     drawn; the axes where `values` has length 1 and `shape` more are stride 0."""
     broadcast = tuple(a for a, (u, n) in enumerate(zip(values.shape, shape)) if u == 1 and n > 1)
     strides, offset = _layout(draw, shape, values.itemsize, broadcast, far)
-    a = bufs.array(shape, values.dtype, strides, offset)
+    a = bufs.array(shape, values.dtype, strides, offset, sparse=far)
     a[tuple(slice(0, 1) if ax in broadcast else slice(None) for ax in range(len(shape)))] = values
     return a
 
@@ -368,7 +370,8 @@ class WoqCall:
                 return out
         if kind == "far" and len(lead) == 1 and 2 <= lead[0] <= 3:
             far = (2**31 // poison.itemsize + d.int(1, 64)) * poison.itemsize
-            out = self.bufs.array(shape, dtype, (d.pick((1, -1)) * far, poison.itemsize), 0)
+            out = self.bufs.array(shape, dtype, (d.pick((1, -1)) * far, poison.itemsize), 0,
+                                  sparse=True)
             out[...] = poison
             return out
         if kind == "self_overlap" and int(np.prod(lead)) > 1:
