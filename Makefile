@@ -1,13 +1,19 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make bench   build qkern in .venv and run the benchmark
-#   make test    build, build the docs (warnings are errors), run the test
-#                suite once per ISA level this CPU runs, check qkern without
-#                PyTorch, then run the whole suite with the doctests (GPU-marked
-#                tests skip, with the reason, on machines without one)
+#   make test    build, build the docs (warnings are errors), run the
+#                reliability checks below, then the test suite once per ISA
+#                level this CPU runs, check qkern without PyTorch, then the
+#                whole suite with the doctests (GPU-marked tests skip, with
+#                the reason, on machines without one)
+# The reliability checks (docs/reliability.rst), also runnable alone:
+#   make sanitize   the test suite per ISA level under ASan + UBSan
+#   make valgrind   memcheck over the kernel tester and API tests (AVX2 cap)
+#   make fuzz       every fuzz target for FUZZ_SECONDS under atheris
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BENCH_ARGS ?= --quick
+FUZZ_SECONDS ?= 60
 DEPS := "setuptools>=64" wheel "Cython>=3.0" "numpy>=2.0" "ml_dtypes>=0.4" \
         "pytest>=8" "hypothesis>=6" "threadpoolctl>=3" "sphinx>=7" "numpydoc>=1.6"
 TORCH := torch==2.13.0
@@ -16,8 +22,12 @@ TORCH := torch==2.13.0
 # cuda.core for the interop checks.  ~600 MB download, ~900 MB installed,
 # 15-30 s with pip's cache (docs/qconv2d.rst, "CI").
 CUDA_TEST_DEPS := "cuda-core>=0.4" "cuda-bindings>=13" "cuda-pathfinder>=1.2"
+ATHERIS := "atheris>=2.3"
+PYTEST := -m pytest -q -p no:cacheprovider
+# ISA levels this CPU runs, lowest first (needs the build)
+ISAS = $$($(PY) -c "from qkern import dispatch as d; print(*d.ISA_LEVELS[:d.ISA_LEVELS.index(d.CPU_ISA) + 1])")
 
-.PHONY: build test bench docs clean
+.PHONY: build test bench docs clean sanitize valgrind fuzz
 
 $(VENV)/.deps: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +35,7 @@ $(VENV)/.deps: pyproject.toml Makefile
 	$(PY) -m pip install -q $(TORCH) || echo "note: $(TORCH) not installable here; the torch parity tests will be skipped"
 	$(PY) -m pip install -q --no-deps "nvidia-cudnn-cu13>=9.10"
 	$(PY) -m pip install -q $(CUDA_TEST_DEPS)
+	$(PY) -m pip install -q $(ATHERIS) || echo "note: $(ATHERIS) not installable here; make fuzz will fail"
 	touch $@
 
 build: $(VENV)/.deps
@@ -36,10 +47,10 @@ docs: build
 # QKERN_REQUIRE_CUDNN=1: the descriptor-finalization tests fail, not skip,
 # when the cuDNN wheel is missing.
 test: export QKERN_REQUIRE_CUDNN = 1
-test: docs
-	@set -e; for isa in $$($(PY) -c "from qkern import dispatch as d; print(*d.ISA_LEVELS[:d.ISA_LEVELS.index(d.CPU_ISA) + 1])"); do \
+test: docs sanitize valgrind fuzz
+	@set -e; for isa in $(ISAS); do \
 	  echo "=== QKERN_ISA=$$isa"; \
-	  QKERN_ISA=$$isa $(PY) -m pytest -q -p no:cacheprovider tests; \
+	  QKERN_ISA=$$isa $(PY) $(PYTEST) tests; \
 	done
 	@echo "=== qkern with PyTorch blocked, as if not installed"
 	$(PY) tests/no_torch.py
@@ -48,6 +59,61 @@ test: docs
 
 bench: build
 	$(PY) -m qkern bench $(BENCH_ARGS)
+
+# ---- AddressSanitizer + UndefinedBehaviorSanitizer --------------------------
+# qkern built with QKERN_SANITIZE=1 into build/sanitize/site, imported from
+# there (PYTHONSAFEPATH keeps the source tree's qkern off sys.path) by an
+# uninstrumented Python with the ASan runtime preloaded.  Python leaks by
+# design, so leak detection is off.  Reports go to files, one per process
+# (test subprocesses included), and must number zero.
+SAN := build/sanitize
+san_env = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(SAN)/site PYTHONSAFEPATH=1 \
+  ASAN_OPTIONS=detect_leaks=0:log_path=$(CURDIR)/$(1)/asan \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$(CURDIR)/$(1)/ubsan
+
+sanitize: build
+	QKERN_SANITIZE=1 $(PY) -m pip install -q --no-build-isolation --no-deps --upgrade --target $(SAN)/site .
+	@rm -rf $(SAN)/reports $(SAN)/canary && mkdir -p $(SAN)/reports $(SAN)/canary
+	@if $(call san_env,$(SAN)/canary) $(PY) tests/oob_canary.py; then \
+	  echo "sanitize: FAILED: the canary's out-of-bounds write was not reported"; exit 1; fi
+	@grep -l "heap-buffer-overflow" $(SAN)/canary/* | xargs grep -q "src/woq/" || { \
+	  echo "sanitize: FAILED: no heap-buffer-overflow in qkern's code reported for the canary"; \
+	  cat $(SAN)/canary/*; exit 1; }
+	@set -e; for isa in $(ISAS); do \
+	  echo "=== sanitize: ASan + UBSan, QKERN_ISA=$$isa"; \
+	  QKERN_ISA=$$isa $(call san_env,$(SAN)/reports) $(PY) $(PYTEST) --capture=sys tests || { \
+	    echo "sanitize: FAILED under QKERN_ISA=$$isa"; cat $(SAN)/reports/* 2>/dev/null; exit 1; }; \
+	done
+	@if [ -n "$$(ls $(SAN)/reports)" ]; then cat $(SAN)/reports/*; \
+	  echo "sanitize: FAILED: $$(ls $(SAN)/reports | wc -l) ASan/UBSan reports"; exit 1; fi
+	@echo "sanitize: ASan + UBSan: test suite passed under QKERN_ISA=$$(echo $(ISAS) | tr ' ' ,), 0 reports (canary heap-buffer-overflow reported: $$(grep -ho 'qk_woq_[a-z0-9_]*' $(SAN)/canary/* | head -1))"
+
+# ---- valgrind memcheck --------------------------------------------------------
+# valgrind 3.19 does not decode AVX-512 or AMX, so the ISA is capped at AVX2
+# (it runs the reference and AVX2 kernels).  PYTHONMALLOC=malloc lets memcheck
+# see Python's allocations; tests/valgrind-python.supp silences the
+# interpreter's and glibc's own reports.
+VG := build/valgrind
+VALGRIND := valgrind --tool=memcheck --error-exitcode=99 --suppressions=tests/valgrind-python.supp
+VG_TESTS := tests/test_kernels.py tests/test_woq.py
+VG_ISA = $$($(PY) -c "from qkern import dispatch as d; print(d.ISA_LEVELS[min(d.ISA_LEVELS.index(d.CPU_ISA), 1)])")
+vg_env = QKERN_ISA=$(VG_ISA) PYTHONMALLOC=malloc QKERN_HYPOTHESIS_PROFILE=valgrind
+
+valgrind: build
+	@rm -rf $(VG) && mkdir -p $(VG)
+	@if $(vg_env) $(VALGRIND) --log-file=$(VG)/canary.log $(PY) tests/oob_canary.py; then \
+	  echo "valgrind: FAILED: the canary's out-of-bounds write was not reported"; exit 1; fi
+	@grep -A3 "Invalid write" $(VG)/canary.log | grep -q "gemm" || { \
+	  echo "valgrind: FAILED: no invalid write in qkern's code reported for the canary"; \
+	  cat $(VG)/canary.log; exit 1; }
+	@echo "=== valgrind memcheck, QKERN_ISA=$(VG_ISA): $(VG_TESTS)"
+	@$(vg_env) $(VALGRIND) --log-file=$(VG)/memcheck.log $(PY) $(PYTEST) --capture=sys $(VG_TESTS) || { \
+	  cat $(VG)/memcheck.log; echo "valgrind: FAILED"; exit 1; }
+	@echo "valgrind: memcheck, QKERN_ISA=$(VG_ISA), $(VG_TESTS): $$(grep -o 'ERROR SUMMARY.*' $(VG)/memcheck.log) (canary invalid write reported)"
+
+# ---- fuzzing ------------------------------------------------------------------
+fuzz: build
+	$(PY) tests/fuzz.py --seconds $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build docs/_build qkern/*.so qkern/cudnn/*.so qkern/_*.c qkern/cudnn/*.c *.egg-info

@@ -19,9 +19,17 @@ from setuptools._distutils.ccompiler import new_compiler
 from setuptools._distutils.errors import CompileError
 from setuptools._distutils.sysconfig import customize_compiler
 
+# QKERN_SANITIZE=1 builds every library and extension with AddressSanitizer
+# and UndefinedBehaviorSanitizer (any UB report aborts), under build/sanitize
+# so that it never mixes with the normal build (docs/reliability.rst).
+SANITIZE = os.environ.get("QKERN_SANITIZE", "") not in ("", "0")
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer", "-g"] if SANITIZE else []
+
 # -ffp-contract=off: scale (multiply) and bias (add) stay two roundings, as
 # specified, in every kernel and at every MR.
-COMMON_CFLAGS = ["-O3", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall"]
+COMMON_CFLAGS = ["-O3", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
+                 "-Wall"] + SANITIZE_FLAGS
 INCLUDE = ["include"]
 
 # (library, macro, flags, probe statement, sources)
@@ -84,6 +92,11 @@ def compiler_accepts(flags, statement):
     return True
 
 
+# Every header, a dependency of every object: a header change recompiles
+# (build_clib otherwise compares each object with its .c file only).
+HEADERS = sorted(glob.glob("src/**/*.h", recursive=True) + glob.glob("include/qkern/*.h"))
+
+
 def libraries():
     built = [(lib, macro, flags, srcs) for lib, macro, flags, stmt, srcs in ISA_LIBRARIES
              if compiler_accepts(flags, stmt)]
@@ -93,8 +106,10 @@ def libraries():
         "include_dirs": INCLUDE,
         "macros": macros,
         "cflags": COMMON_CFLAGS + ["-fopenmp"],
+        "obj_deps": {"": HEADERS},
     })
-    isa = [(lib, {"sources": srcs, "include_dirs": INCLUDE, "cflags": COMMON_CFLAGS + flags})
+    isa = [(lib, {"sources": srcs, "include_dirs": INCLUDE, "cflags": COMMON_CFLAGS + flags,
+                  "obj_deps": {"": HEADERS}})
            for lib, _, flags, srcs in built]
     return [base] + isa
 
@@ -105,11 +120,11 @@ def extension(name):
         sources=[f"qkern/{name.replace('.', '/')}.pyx"],
         # The static libraries are rebuilt on every build; relink when any C
         # source or header is newer than the extension.
-        depends=sorted(glob.glob("src/**/*.[ch]", recursive=True) + glob.glob("include/qkern/*.h")),
+        depends=sorted(glob.glob("src/**/*.c", recursive=True)) + HEADERS,
         include_dirs=INCLUDE + [numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
-        extra_compile_args=["-O2", "-fopenmp"],
-        extra_link_args=["-fopenmp"],
+        extra_compile_args=["-O2", "-fopenmp"] + SANITIZE_FLAGS,
+        extra_link_args=["-fopenmp"] + SANITIZE_FLAGS,
     )
 
 
@@ -124,6 +139,7 @@ def cudnn_extension(name):
 
 
 setup(
+    options={"build": {"build_base": "build/sanitize"}} if SANITIZE else {},
     libraries=libraries(),
     ext_modules=cythonize(
         [extension("_cpu"), extension("_woq"), extension("_roofline"), extension("_dlpack"),

@@ -77,12 +77,15 @@ def _row_stride(shape: tuple, strides: tuple):
 def _x_rows(x: np.ndarray):
     """(array, row stride or 0, row offsets or None) addressing the rows of x.
 
-    Only an x whose last axis is not unit-stride is copied; rows spread over
-    leading axes that do not collapse to one stride are addressed through an
-    int64 offset table instead.
+    Only an x whose last axis is not unit-stride is copied, and only its
+    distinct rows: axes of stride 0 (broadcast) stay broadcast, so the copy
+    never outgrows the memory x itself spans.  Rows spread over leading axes
+    that do not collapse to one stride are addressed through an int64 offset
+    table instead.
     """
     if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-        x = np.ascontiguousarray(x)
+        distinct = tuple(slice(0, 1) if s == 0 else slice(None) for s in x.strides[:-1])
+        x = np.broadcast_to(np.ascontiguousarray(x[distinct]), x.shape)
     lead_shape, lead_strides = x.shape[:-1], x.strides[:-1]
     stride = _row_stride(lead_shape, lead_strides)
     if stride is not None:
@@ -103,14 +106,21 @@ def _check_out(out, shape: tuple, dtype, inputs: tuple):
         raise TypeError(f"out: expected dtype {np.dtype(dtype)} (the dtype of x), got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError("out: the array is read-only")
+    if out.size == 0:  # nothing is written: any strides will do, as for NumPy
+        return out, 0
     stride = _row_stride(shape[:-1], out.strides[:-1])
     if out.size and ((shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None):
         raise ValueError("out: expected unit stride along the last axis and rows one "
                          f"stride apart, got strides {out.strides}")
+    if out.size > shape[-1] and abs(stride) < shape[-1] * out.itemsize:
+        raise ValueError(f"out: rows overlap each other (strides {out.strides})")
     for name, a in inputs:
         if a is not None and np.shares_memory(out, a):
             raise ValueError(f"out: overlaps {name}")
     return out, stride
+
+
+_MAX_THREADS = 2**31 - 1  # a C int
 
 
 def _check_threads(num_threads) -> int:
@@ -118,8 +128,8 @@ def _check_threads(num_threads) -> int:
         return 0
     if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
         raise TypeError(f"num_threads: expected an int or None, got {type(num_threads).__name__}")
-    if num_threads < 1:
-        raise ValueError(f"num_threads: expected >= 1, got {num_threads}")
+    if not 1 <= num_threads <= _MAX_THREADS:
+        raise ValueError(f"num_threads: expected 1 to {_MAX_THREADS}, got {num_threads}")
     return int(num_threads)
 
 
@@ -134,8 +144,9 @@ def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
     nr, kr = layout
     kr = kr or max(k, 1)  # kr = 0: one group of all of K
     kp = -(-k // kr) * kr
-    panels = packed.reshape(-1, kp // kr, nr, kr)
-    return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(-1, kp)[:n, :k])
+    n_panels = -(-n // nr)
+    panels = packed.reshape(n_panels, kp // kr, nr, kr)
+    return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(n_panels * nr, kp)[:n, :k])
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,

@@ -14,6 +14,11 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+# make valgrind: every test there runs some 50 times slower
+settings.register_profile(
+    "valgrind", max_examples=20, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("QKERN_HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -21,7 +26,8 @@ def pytest_report_header(config):
     from qkern import dispatch
     avail = [k.name for k in qkern.kernels() if k.available]
     return [f"qkern: CPU ISA {dispatch.CPU_ISA}, cap {dispatch.ISA_CAP} "
-            f"(QKERN_ISA={os.environ.get('QKERN_ISA', '')!r})",
+            f"(QKERN_ISA={os.environ.get('QKERN_ISA', '')!r}), "
+            f"from {os.path.dirname(qkern.__file__)}",
             f"qkern kernels available: {', '.join(avail)}"]
 
 

@@ -3,8 +3,8 @@
 For each kernel this process may run, sweep the edges of its tile
 (k < kr, k == kr, k > kr, k % kr != 0, partial m and n tiles, M = N = K = 1),
 every dtype it accepts, strided x and strided (sub-view) output, with the
-output poisoned before the call and checked to be fully written (and nothing
-outside it touched).  The bound is derived in tests/reference.py.
+output poisoned before every call and checked to be fully written (and
+nothing outside it touched).  The bound is derived in tests/reference.py.
 """
 
 import itertools
@@ -33,16 +33,24 @@ def _data(rng, m, n, k, dtype, bias=True):
 def _sweep(kern):
     ks = sorted({1, max(kern.kr - 1, 1), kern.kr, kern.kr + 1, 2 * kern.kr + 1, 17, 64, 255})
     ms = sorted({1, max(kern.mr - 1, 1), kern.mr, kern.mr + 1, 2 * kern.mr + 3})
-    ns = sorted({1, kern.nr - 1, kern.nr, kern.nr + 1, 2 * kern.nr + 5})
+    ns = sorted({1, max(kern.nr - 1, 1), kern.nr, kern.nr + 1, 2 * kern.nr + 5})
     return ks, ms, ns
 
 
-def _run_poisoned(layer, x, n, rng):
-    """Run into a poisoned sub-view of a larger buffer; check fill and margins."""
-    m = x.shape[0]
+def _run_poisoned(layer, x, n, reverse_rows=False, **kwargs):
+    """Run into a poisoned sub-view of a larger buffer; check fill and margins.
+
+    ``out`` has the leading shape of x; its rows are one stride apart inside
+    the buffer, in reverse order (a negative stride) when asked.  ``kwargs``
+    go to the call.
+    """
+    lead = x.shape[:-1]
+    m = int(np.prod(lead))
     big = np.full((m + 2, n + 7), POISON, dtype=x.dtype)
-    out = big[1:1 + m, 3:3 + n]
-    res = layer(x, out=out)
+    rows = big[1:1 + m, 3:3 + n]
+    out = (rows[::-1] if reverse_rows else rows).reshape(lead + (n,))
+    assert np.shares_memory(out, big)
+    res = layer(x, out=out, **kwargs)
     assert res is out
     margin = big.copy()
     margin[1:1 + m, 3:3 + n] = 0
@@ -62,7 +70,7 @@ def test_kernel_tile_edges(kern):
         for m, n, k in itertools.product(ms, ns, ks):
             x, w, s, b = _data(rng, m, n, k, dtype, bias=(m + n + k) % 2 == 0)
             layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
-            y = _run_poisoned(layer, x, n, rng)
+            y = _run_poisoned(layer, x, n)
             assert_woq_close(y, x, w, s, b, daz=daz, planes=kern.planes(dtype))
 
 
@@ -76,34 +84,66 @@ def test_kernel_k_zero(kern):
         s = np.ones(kern.nr + 3, dtype=dtype)
         b = np.arange(kern.nr + 3).astype(dtype)
         x = np.zeros((kern.mr + 1, 0), dtype=dtype)
-        y = qkern.WoqLinear(w, s, b, kernel=kern.name)(x)
+        y = _run_poisoned(qkern.WoqLinear(w, s, b, kernel=kern.name), x, kern.nr + 3)
         assert np.array_equal(y.astype(np.float64), np.broadcast_to(b.astype(np.float64), y.shape))
-        y = qkern.WoqLinear(w, s, kernel=kern.name)(x)
+        y = _run_poisoned(qkern.WoqLinear(w, s, kernel=kern.name), x, kern.nr + 3)
         assert np.array_equal(y.astype(np.float64), np.zeros(y.shape))
 
 
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_strided_x(kern):
-    """Rows one stride apart, rows through an offset table, and a copied x."""
+    """Rows one stride apart, rows through an offset table, and a copied x,
+    each into a poisoned out (rows forward, or reversed: a negative stride)."""
     rng = np.random.default_rng(2)
     dtype = np.dtype(kern.dtypes[-1])
     m, n, k = 2 * kern.mr + 1, kern.nr + 3, 2 * kern.kr + 37
     x, w, s, b = _data(rng, m, n, k, dtype)
     layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
-    expect = layer(np.ascontiguousarray(x))
+    expect = _run_poisoned(layer, np.ascontiguousarray(x), n)
     wide = np.full((m, k + 9), np.inf, dtype=dtype)  # inf around x: any over-read shows
     wide[:, 5:5 + k] = x
-    assert np.array_equal(layer(wide[:, 5:5 + k]), expect)
+    assert np.array_equal(_run_poisoned(layer, wide[:, 5:5 + k], n, reverse_rows=True), expect)
     reversed_rows = np.ascontiguousarray(x[::-1])[::-1]
-    assert np.array_equal(layer(reversed_rows), expect)
+    assert np.array_equal(_run_poisoned(layer, reversed_rows, n), expect)
     cube = np.full((3, m, k + 4), np.inf, dtype=dtype)  # leading axes that do not collapse
     cube[:, :, 2:2 + k] = x
-    y3 = layer(cube.transpose(1, 0, 2)[:, :, 2:2 + k])
+    y3 = _run_poisoned(layer, cube.transpose(1, 0, 2)[:, :, 2:2 + k], n, reverse_rows=True)
     assert y3.shape == (m, 3, n)
     for j in range(3):
         assert np.array_equal(y3[:, j], expect)
     col_strided = np.repeat(x, 2, axis=1)[:, ::2]  # last axis not unit-stride: copied
-    assert np.array_equal(layer(col_strided), expect)
+    assert np.array_equal(_run_poisoned(layer, col_strided, n), expect)
+
+
+def _unaligned(shape, dtype, fill):
+    """An array of `shape` one byte past an aligned address (NumPy allows it)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(int(np.prod(shape)) * dtype.itemsize + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + 1
+    a = raw[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    a[...] = fill
+    assert not a.flags.aligned
+    return a
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_kernel_unaligned_x_and_out(kern):
+    """x and out not aligned to their element size: same bits as aligned arrays.
+
+    Regression: the reference kernels read and wrote elements through typed
+    pointers, undefined behaviour on a misaligned row (UBSan reported it).
+    """
+    rng = np.random.default_rng(5)
+    for dtype in DTYPES:
+        if dtype.name not in kern.dtypes:
+            continue
+        m, n, k = kern.mr + 1, kern.nr + 3, 2 * kern.kr + 37
+        x, w, s, b = _data(rng, m, n, k, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        expect = layer(x)
+        out = _unaligned((m, n), dtype, POISON)
+        assert layer(_unaligned((m, k), dtype, x), out=out) is out
+        assert np.array_equal(out.view(np.uint8), expect.view(np.uint8))
 
 
 @pytest.mark.parametrize("kern", kernel_params())
@@ -116,9 +156,9 @@ def test_kernel_thread_count_invariant(kern):
     k = 515
     x, w, s, b = _data(rng, m, n, k, dtype)
     layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
-    y1 = layer(x, num_threads=1)
+    y1 = _run_poisoned(layer, x, n, num_threads=1)
     for threads in (2, 2, 1, 3):
-        yt = layer(x, num_threads=threads)
+        yt = _run_poisoned(layer, x, n, num_threads=threads)
         assert np.array_equal(y1.view(np.uint8), yt.view(np.uint8)), threads
 
 

@@ -161,6 +161,29 @@ def test_woqlinear_pickle_nbytes_weight_roundtrip():
     assert "N=45" in repr(layer)
 
 
+@pytest.mark.parametrize("shape", [(3, 0), (0, 5), (0, 0)])
+def test_woqlinear_empty_weight_unpacks_and_pickles(shape):
+    """Regression (found by fuzzing): weight() and pickling raised ValueError
+    for K = 0 (an ambiguous reshape of the empty packed buffer)."""
+    w = np.zeros(shape, np.int8)
+    layer = qkern.WoqLinear(w, np.ones(shape[0], np.float32))
+    assert layer.weight().shape == shape
+    clone = pickle.loads(pickle.dumps(layer))
+    assert clone.shape == shape
+    y = clone(np.ones((2, shape[1]), np.float32))
+    assert y.shape == (2, shape[0]) and (y == 0).all()
+
+
+def test_empty_out_any_strides():
+    """An out with no elements is never written, so its strides do not matter
+    (as for NumPy, which calls every empty array contiguous).  Regression
+    (found by fuzzing): one with rows not one stride apart was refused."""
+    x = np.ones((0, 4, 3, 5), np.float32)
+    w = np.ones((2, 5), np.int8)
+    out = np.lib.stride_tricks.as_strided(np.ones(1, np.float32), (0, 4, 3, 2), (-168, 8, 40, 4))
+    assert qkern.weight_int8pack_mm(x, w, np.ones(2, np.float32), out=out) is out
+
+
 def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
     w = np.ones((64, 64), dtype=np.int8)
     layer = qkern.WoqLinear(w, np.ones(64, np.float32))
@@ -170,26 +193,67 @@ def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
     assert len(arrays) == 1
 
 
-def test_thread_safety_shared_layer():
+THREADS = 8
+
+
+def _calls(seed: int, layer, w, s, b) -> list:
+    """Calls to run: ``layer`` on fresh x of batch sizes that pick kernels of
+    different MR (300 > 256 rows also splits M), with a different num_threads
+    each and out= every other time, then the function on the weight itself."""
+    rng = np.random.default_rng(seed)
+    n, k = layer.shape
+    calls = []
+    for i, m in enumerate((1, 5, 17, 64, 300)):
+        x = (rng.standard_normal((m, k)) * 4).astype(layer.dtype)
+        threads = (None, 1, 2)[i % 3]
+        if i % 2:
+            out = np.empty((m, n), layer.dtype)
+            calls.append(lambda x=x, t=threads, out=out: layer(x, out=out, num_threads=t).copy())
+        else:
+            calls.append(lambda x=x, t=threads: layer(x, num_threads=t))
+    x = rng.standard_normal((9, k)).astype(layer.dtype)
+    calls.append(lambda: qkern.weight_int8pack_mm(x, w, s, bias=b))
+    return calls
+
+
+@pytest.mark.parametrize("sharing", ["one_layer", "own_layers", "three_shared", "built_in_threads"])
+def test_concurrent_calls_match_serial(sharing):
+    """8 Python threads, released together by a barrier, each making its
+    calls 10 times: on one shared WoqLinear, on a layer each, on three layers
+    (of the three dtypes and other shapes) shared by threads i % 3, or on
+    layers each thread builds at the same time as the others.  Every result
+    has the bits of the same call made serially beforehand."""
     rng = np.random.default_rng(8)
-    w = rng.integers(-128, 128, (300, 256), dtype=np.int8)
-    layer = qkern.WoqLinear(w, rng.uniform(0.01, 0.02, 300).astype(np.float32))
-    xs = [rng.standard_normal((m, 256)).astype(np.float32) for m in (1, 5, 17, 64)]
-    expect = [layer(x) for x in xs]
-    errors = []
+    weights = [(rng.integers(-128, 128, (n, k), dtype=np.int8),
+                rng.uniform(0.01, 0.02, n).astype(dtype), rng.standard_normal(n).astype(dtype))
+               for dtype, n, k in ((DTYPES[i % 3], 40 + 37 * i, 96 + 31 * i) for i in range(THREADS))]
+    owner = {"one_layer": [0] * THREADS, "three_shared": [i % 3 for i in range(THREADS)]}.get(
+        sharing, list(range(THREADS)))
+    layers = {j: qkern.WoqLinear(*weights[j]) for j in set(owner)}
+    expect = [[f() for f in _calls(i, layers[j], *weights[j])] for i, j in enumerate(owner)]
+    barrier = threading.Barrier(THREADS)
+    results, errors = [None] * THREADS, []
 
-    def work(i):
-        for _ in range(20):
-            j = (i + _) % len(xs)
-            if not np.array_equal(layer(xs[j]), expect[j]):
-                errors.append(j)
+    def run(i):
+        try:
+            j = owner[i]
+            barrier.wait()
+            layer = qkern.WoqLinear(*weights[j]) if sharing == "built_in_threads" else layers[j]
+            calls = _calls(i, layer, *weights[j])
+            results[i] = [[f() for f in calls] for _ in range(10)]
+        except Exception as e:  # reported below, with the thread's index
+            errors.append((i, e))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
+    for i in range(THREADS):
+        for rep in results[i]:
+            for got, want in zip(rep, expect[i], strict=True):
+                assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (sharing, i)
 
 
 def test_threadpoolctl_limit_respected_and_results_equal():
@@ -239,7 +303,8 @@ def test_bad_arguments(mutate, exc, match):
     ({"out": np.zeros((2, 3), np.float16)}, TypeError, "out: expected dtype float32"),
     ({"out": np.zeros((3, 2), np.float32).T}, ValueError, "out: expected unit stride"),
     ({"out": np.zeros((2, 3), np.float32).tolist()}, TypeError, "out: expected a numpy.ndarray"),
-    ({"num_threads": 0}, ValueError, "num_threads: expected >= 1"),
+    ({"num_threads": 0}, ValueError, "num_threads: expected 1 to 2147483647"),
+    ({"num_threads": 2**31}, ValueError, "num_threads: expected 1 to 2147483647"),
     ({"num_threads": 1.5}, TypeError, "num_threads: expected an int"),
     ({"num_threads": True}, TypeError, "num_threads: expected an int"),
 ])
@@ -264,6 +329,15 @@ def test_read_only_and_overlapping_out_rejected_untouched():
     sbuf = np.ones(9, np.float32)
     with pytest.raises(ValueError, match="out: overlaps scales"):
         qkern.weight_int8pack_mm(x, w, sbuf[:3], out=sbuf[1:7].reshape(2, 3))
+    # Regression (found by fuzzing): rows of out that overlap one another were
+    # accepted, and threads wrote different rows to the same bytes.
+    obuf = np.full(8, 5.0, np.float32)
+    for row_stride in (0, 4, -8):
+        out = np.lib.stride_tricks.as_strided(obuf[4:] if row_stride < 0 else obuf, (2, 3),
+                                              (row_stride, 4))
+        with pytest.raises(ValueError, match="out: rows overlap each other"):
+            qkern.weight_int8pack_mm(x, w, s, out=out)
+    assert (obuf == 5).all()
 
 
 def test_woqlinear_bad_arguments():

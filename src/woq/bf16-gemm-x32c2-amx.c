@@ -81,8 +81,10 @@ QK_INLINE void copy_a(size_t mr, const void* const* a, size_t k0, size_t kc,
                       uint16_t abuf[32][32]) {
   const size_t n = kc - k0;
   const __mmask32 mask = n >= 32 ? (__mmask32)~0u : (__mmask32)((1u << n) - 1u);
-  for (size_t i = 0; i < mr; i++)
+  for (size_t i = 0; i < mr; i++) {
+    QK_ASAN_CHECK((const uint16_t*)a[i] + k0, 2 * (n >= 32 ? 32 : n), 0);
     _mm512_store_si512(abuf[i], _mm512_maskz_loadu_epi16(mask, (const uint16_t*)a[i] + k0));
+  }
 }
 
 /* `groups` (<= 16) k-groups of 64 int8 -> rows of the two B tiles. */
@@ -140,6 +142,7 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
       if (!PREWIDENED) widen_b(w + 64 * g0, groups - g0 < 16 ? groups - g0 : 16, bbuf);
       QK_MEMORY_BARRIER();
       if (PREWIDENED) {
+        QK_ASAN_CHECK(w + 128 * g0, 16 * 128, 0);
         _tile_loadd(TILE_B0, w + 128 * g0, 128);
         _tile_loadd(TILE_B1, w + 128 * g0 + 64, 128);
       } else {
@@ -148,9 +151,10 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
       }
       for (size_t p = 0; p < planes; p++) {
         const char* ap = a0 + p * plane_bytes + 2 * k0;
-        if (direct)
+        if (direct) {
+          for (size_t i = 0; i < mr; i++) QK_ASAN_CHECK(ap + (ptrdiff_t)i * a_stride, 64, 0);
           _tile_loadd(TILE_A0, ap, a_stride);
-        else
+        } else
           _tile_loadd(TILE_A0, abuf[0], 64);
         _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
         _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "sanitize.h"
 #include "ukernel-define.h"
 
 /* 16 int8 at p -> 16 f32 (exact). */
@@ -44,8 +45,15 @@ QK_INLINE __m256i qk512_f32_to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
+/* Lanes 0 .. the highest lane selected by mask. */
+QK_INLINE size_t qk512_mask_span(__mmask16 mask) {
+  return mask ? 32 - (size_t)__builtin_clz((unsigned)mask) : 0;
+}
+
 /* Stores the lanes of v selected by mask at element n of a dtype-DT row. */
 QK_INLINE void qk512_store(char* row, size_t n, qk_dtype DT, __m512 v, __mmask16 mask) {
+  const size_t esize = DT == QK_F32 ? 4 : 2;
+  QK_ASAN_CHECK(row + esize * n, esize * qk512_mask_span(mask), 1);
   switch (DT) {
     case QK_F32:
       _mm512_mask_storeu_ps(row + 4 * n, mask, v);

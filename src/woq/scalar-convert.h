@@ -41,30 +41,29 @@ static inline uint16_t qk_f32_to_f16(float f) {
   return h;
 }
 
-/* Element k of a row of dtype dt, as f32 (exact for every dtype). */
+/* Element k of a row of dtype dt, as f32 (exact for every dtype).  Rows
+ * need not be aligned to their element size (NumPy allows unaligned arrays),
+ * so elements are read and written with memcpy, never through a typed
+ * pointer; memcpy of 2 or 4 bytes compiles to one move. */
 static inline float qk_load_as_f32(const void* row, size_t k, qk_dtype dt) {
-  switch (dt) {
-    case QK_F16:
-      return qk_f16_to_f32(((const uint16_t*)row)[k]);
-    case QK_BF16:
-      return qk_bf16_to_f32(((const uint16_t*)row)[k]);
-    default:
-      return ((const float*)row)[k];
+  if (dt == QK_F32) {
+    float f;
+    memcpy(&f, (const char*)row + 4 * k, 4);
+    return f;
   }
+  uint16_t h;
+  memcpy(&h, (const char*)row + 2 * k, 2);
+  return dt == QK_F16 ? qk_f16_to_f32(h) : qk_bf16_to_f32(h);
 }
 
 /* Stores f32 v as element n of a row of dtype dt (one rounding). */
 static inline void qk_store_from_f32(void* row, size_t n, qk_dtype dt, float v) {
-  switch (dt) {
-    case QK_F16:
-      ((uint16_t*)row)[n] = qk_f32_to_f16(v);
-      break;
-    case QK_BF16:
-      ((uint16_t*)row)[n] = qk_f32_to_bf16(v);
-      break;
-    default:
-      ((float*)row)[n] = v;
+  if (dt == QK_F32) {
+    memcpy((char*)row + 4 * n, &v, 4);
+    return;
   }
+  const uint16_t h = dt == QK_F16 ? qk_f32_to_f16(v) : qk_f32_to_bf16(v);
+  memcpy((char*)row + 2 * n, &h, 2);
 }
 
 static inline size_t qk_dtype_size(qk_dtype dt) { return dt == QK_F32 ? 4 : 2; }
