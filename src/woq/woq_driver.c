@@ -21,6 +21,9 @@
 #define QK_MAX_MR 32
 #define QK_MC 256                      /* rows per task */
 #define QK_CHUNK_BYTES (256u * 1024u)  /* packed weight bytes per task */
+/* Multiply-adds below which one more thread costs more (waking it, the
+ * barrier; on a loaded machine a scheduler tick) than it saves. */
+#define QK_MIN_MACS_PER_THREAD (1u << 20)
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -91,6 +94,9 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   if (threads < 1) threads = 1;
   const size_t most_parallel = splitting ? (p.n_chunks > QK_MC ? p.n_chunks : QK_MC) : tasks;
   if ((size_t)threads > most_parallel) threads = (int)most_parallel;
+  const double macs = (double)m * (double)n * (double)(k ? k : 1);
+  if ((double)threads * QK_MIN_MACS_PER_THREAD > macs)
+    threads = (int)(macs / QK_MIN_MACS_PER_THREAD) + 1;
 
   /* Buffers (widened panels per thread, split rows of one row block) are
    * allocated before any output is written. */
