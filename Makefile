@@ -63,11 +63,14 @@ bench: build
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer --------------------------
 # qkern built with QKERN_SANITIZE=1 into build/sanitize/site, imported from
 # there (PYTHONSAFEPATH keeps the source tree's qkern off sys.path) by an
-# uninstrumented Python with the ASan runtime preloaded.  Python leaks by
+# uninstrumented Python with the ASan runtime preloaded (and libstdc++ after
+# it, so that ASan's __cxa_throw interceptor finds the real one when a C++
+# library such as PyTorch or cuDNN throws).  Python leaks by
 # design, so leak detection is off.  Reports go to files, one per process
 # (test subprocesses included), and must number zero.
 SAN := build/sanitize
-san_env = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(SAN)/site PYTHONSAFEPATH=1 \
+san_env = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
+  PYTHONPATH=$(SAN)/site PYTHONSAFEPATH=1 \
   ASAN_OPTIONS=detect_leaks=0:log_path=$(CURDIR)/$(1)/asan \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$(CURDIR)/$(1)/ubsan
 
