@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 60
 DEPS := "setuptools>=64" wheel "Cython>=3.0" "numpy>=2.0" "ml_dtypes>=0.4" \
         "pytest>=8" "hypothesis>=6" "threadpoolctl>=3" "sphinx>=7" "numpydoc>=1.6"
 TORCH := torch==2.13.0
-ATHERIS := "atheris>=2.3"
+ATHERIS := atheris>=2.3
 PYTEST := -m pytest -q -p no:cacheprovider
 # ISA levels this CPU runs, lowest first (needs the build)
 ISAS = $$($(PY) -c "from qkern import dispatch as d; print(*d.ISA_LEVELS[:d.ISA_LEVELS.index(d.CPU_ISA) + 1])")
@@ -26,7 +26,7 @@ $(VENV)/.deps: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(DEPS)
 	$(PY) -m pip install -q $(TORCH) || echo "note: $(TORCH) not installable here; the torch parity tests will be skipped"
-	$(PY) -m pip install -q $(ATHERIS) || echo "note: $(ATHERIS) not installable here; make fuzz will fail"
+	$(PY) -m pip install -q '$(ATHERIS)' || echo "note: $(ATHERIS) not installable here; make fuzz will fail"
 	touch $@
 
 build: $(VENV)/.deps
