@@ -118,8 +118,8 @@ def extension(name):
     return Extension(
         f"qkern.{name}",
         sources=[f"qkern/{name.replace('.', '/')}.pyx"],
-        # The static libraries are rebuilt on every build; relink when any C
-        # source or header is newer than the extension.
+        # Relink when any C source or header is newer than the extension (the
+        # static libraries recompile what those changes touch).
         depends=sorted(glob.glob("src/**/*.c", recursive=True)) + HEADERS,
         include_dirs=INCLUDE + [numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],

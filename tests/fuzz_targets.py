@@ -295,7 +295,7 @@ class WoqCall:
         if size == "huge":  # M * K > 2**31 elements, rows broadcast (a few seconds of work)
             k = d.int(2**14, 2**17)
             m_min = HUGE // k + 1
-            n = d.int(1, 4)
+            n = d.int(1, 2)
             if d.chance(2):  # rows broadcast along one axis
                 lead, distinct = (m_min + d.int(0, 64),), (1,)
             else:  # along the first of two axes that do not collapse into one stride
