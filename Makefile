@@ -74,6 +74,9 @@ san_env = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-nam
   ASAN_OPTIONS=detect_leaks=0:log_path=$(CURDIR)/$(1)/asan \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$(CURDIR)/$(1)/ubsan
 
+# cuDNN opens its sub-libraries with RTLD_DEEPBIND, which ASan cannot
+# interpose, so the descriptor checks against the real library (which run
+# cuDNN's code, not qkern's kernels) stay out of this stage.
 # Two passes: the portable path alone, and the CPU's highest level, where the
 # kernel tester forces every registry kernel (ref through AMX) and the API
 # tests take the automatic choices; the levels between are covered there.
@@ -89,7 +92,8 @@ sanitize: build
 	  cat $(SAN)/canary/*; exit 1; }
 	@set -e; for isa in $(SAN_ISAS); do \
 	  echo "=== sanitize: ASan + UBSan, QKERN_ISA=$$isa"; \
-	  QKERN_ISA=$$isa $(call san_env,$(SAN)/reports) $(PY) $(PYTEST) --capture=sys tests || { \
+	  QKERN_ISA=$$isa $(call san_env,$(SAN)/reports) $(PY) $(PYTEST) --capture=sys \
+	    --ignore=tests/test_cudnn_descriptors.py tests || { \
 	    echo "sanitize: FAILED under QKERN_ISA=$$isa"; cat $(SAN)/reports/* 2>/dev/null; exit 1; }; \
 	done
 	@if [ -n "$$(ls $(SAN)/reports)" ]; then cat $(SAN)/reports/*; \
