@@ -291,7 +291,8 @@ class _Problem:
                 "x": _to_torch(torch, x),
                 "s": _to_torch(torch, scales),
                 "w": _rotating([tw.clone() for _ in range(copies)]),
-                "dense": _rotating([(tw.to(torch.bfloat16) * 0.01).t().contiguous().t()
+                # (K, N) views of row-major (N, K) bf16 weights, as nn.Linear uses them
+                "dense": _rotating([(tw.to(torch.bfloat16) * 0.01).t()
                                     for _ in range(max(2, copies // 2))]),
             }
 
