@@ -509,8 +509,76 @@ def check_cli_args(argv: list):
             raise Finding(f"argv {argv!r}: {flag} {path!r} accepted")
 
 
+def fuzz_qconv2d(data: bytes):
+    """`qkern.qconv2d` on NumPy arrays (the CPU path): a valid drawn call must
+    equal the exact reference element for element; a call with a drawn fault
+    (wrong dtype, layout, channels, scale, geometry, ``out``) must raise
+    TypeError or ValueError and leave ``out`` untouched."""
+    from qconv_reference import qconv2d_reference
+
+    d = Draw(data)
+    rng = d.rng()
+    groups = d.pick((1, 1, 2, 3))
+    n, h, w_ = d.int(0, 2), d.int(1, 9), d.int(1, 9)
+    c, o = groups * d.int(1, 5), groups * d.int(1, 5)
+    kh, kw = d.int(1, min(h, 4)), d.int(1, min(w_, 4))
+    stride, dilation = d.int(1, 3), 1
+    padding = d.int(0, 2)
+    x = rng.integers(-128, 128, (n, h, w_, c), dtype=np.int8)
+    w = rng.integers(-128, 128, (o, kh, kw, c // groups), dtype=np.int8)
+    bias = rng.standard_normal(o).astype(np.float32) * 4 if d.chance(2) else None
+    wscale = (rng.uniform(1e-3, 1e-1, o).astype(np.float32) if d.chance(2)
+              else float(rng.uniform(1e-3, 1e-1)))
+    kwargs = dict(act_scale=float(rng.uniform(1e-3, 1e-1)), weight_scale=wscale,
+                  out_scale=float(rng.uniform(1e-2, 1.0)), stride=stride, padding=padding,
+                  dilation=dilation, groups=groups, relu=d.chance(2))
+    fault = d.pick((None, None, None, "x dtype", "w dtype", "x ndim", "channels", "act_scale",
+                    "out_scale", "weight_scale len", "bias dtype", "stride", "groups", "out"))
+    if fault == "x dtype":
+        x = x.astype(d.pick((np.int16, np.uint8, np.float32)))
+    elif fault == "w dtype":
+        w = w.astype(d.pick((np.int16, np.uint8, np.float32)))
+    elif fault == "x ndim":
+        x = x.reshape(-1, c)
+    elif fault == "channels":
+        w = rng.integers(-128, 128, (o, kh, kw, c // groups + 1), dtype=np.int8)
+    elif fault in ("act_scale", "out_scale"):
+        kwargs[fault] = d.pick((0.0, -1.0, float("nan"), float("inf")))
+    elif fault == "weight_scale len":
+        kwargs["weight_scale"] = np.ones(o + 1, np.float32)
+    elif fault == "bias dtype":
+        bias = np.ones(o, np.float64)
+    elif fault == "stride":
+        kwargs["stride"] = d.pick((0, -1))
+    elif fault == "groups":
+        kwargs["groups"] = d.pick((0, c + 1))
+    out = None
+    if fault == "out" or (fault is None and d.chance(3)):
+        shape = qconv2d_reference(x, w, bias, **kwargs).shape  # the call is valid but for out
+        if fault == "out":
+            shape = shape[:-1] + (shape[-1] + 1,)
+        out = np.full(shape, 77, np.int8)
+    before = None if out is None else out.copy()
+    try:
+        y = qkern.qconv2d(x, w, bias, out=out, **kwargs)
+    except (TypeError, ValueError) as e:
+        if fault is None:
+            raise Finding(f"a valid call refused: {e!r}") from e
+        if out is not None and not np.array_equal(out, before):
+            raise Finding(f"refused ({fault}) but wrote into out") from e
+        return
+    if fault is not None:
+        raise Finding(f"a call with a bad {fault} was accepted")
+    ref = qconv2d_reference(x, w, bias, **kwargs)
+    if y.dtype != np.int8 or y.shape != ref.shape or not np.array_equal(y, ref):
+        raise Finding("result differs from the exact reference")
+    if out is not None and y is not out:
+        raise Finding("out= given but another array returned")
+
+
 TARGETS = {
     "weight_int8pack_mm": fuzz_weight_int8pack_mm,
     "WoqLinear": fuzz_woq_linear,
     "cli_args": fuzz_cli_args,
+    "qconv2d": fuzz_qconv2d,
 }
