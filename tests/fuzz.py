@@ -84,9 +84,10 @@ def fuzz(name: str, seconds: int, out_dir: str) -> bool:
         text = log.read()
     runs = re.findall(r"stat::number_of_executed_units: (\d+)", text)
     findings = sorted(f for f in os.listdir(work) if f.split("-")[0] in ("crash", "timeout", "oom"))
-    summary = (f"fuzz {name}: {runs[-1] if runs else '?'} runs in {elapsed:.0f} s "
-               f"({int(runs[-1]) / elapsed if runs else 0:.0f}/s), corpus {len(os.listdir(corpus))} "
-               f"inputs, {len(findings)} findings (exit status {rc})")
+    count = int(runs[-1]) if runs else 0
+    summary = (f"fuzz {name}: {count} runs in {elapsed:.0f} s ({count / elapsed:.0f}/s), "
+               f"corpus {len(os.listdir(corpus))} inputs, {len(findings)} findings "
+               f"(exit status {rc})")
     print(summary, flush=True)
     if rc != 0 or findings:
         print(text[-6000:], file=sys.stderr)
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
         run_target(argv[1], argv[2:])
         return 0
     names = _target_names()
-    parser = argparse.ArgumentParser(prog="python tests/fuzz.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python tests/fuzz.py",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help=f"targets to run (default: all of {', '.join(names)})")
     parser.add_argument("--seconds", type=int, default=60, help="per target (default 60)")

@@ -224,9 +224,10 @@ def test_concurrent_calls_match_serial(sharing):
     layers each thread builds at the same time as the others.  Every result
     has the bits of the same call made serially beforehand."""
     rng = np.random.default_rng(8)
+    shapes = [(DTYPES[i % 3], 24 + 13 * i, 40 + 21 * i) for i in range(THREADS)]
     weights = [(rng.integers(-128, 128, (n, k), dtype=np.int8),
                 rng.uniform(0.01, 0.02, n).astype(dtype), rng.standard_normal(n).astype(dtype))
-               for dtype, n, k in ((DTYPES[i % 3], 24 + 13 * i, 40 + 21 * i) for i in range(THREADS))]
+               for dtype, n, k in shapes]
     owner = {"one_layer": [0] * THREADS, "three_shared": [i % 3 for i in range(THREADS)]}.get(
         sharing, list(range(THREADS)))
     layers = {j: qkern.WoqLinear(*weights[j]) for j in set(owner)}
