@@ -39,7 +39,7 @@ cdef extern from "qkern/woq.h":
                                        Py_ssize_t) noexcept nogil
 
     ctypedef void (*qk_woq_widen_fn)(const int8_t*, size_t, size_t, void*) noexcept nogil
-    ctypedef void (*qk_woq_split_fn)(const void*, qk_dtype, size_t, void*) noexcept nogil
+    ctypedef void (*qk_woq_pack_x_fn)(const void*, qk_dtype, size_t, void*, size_t) noexcept nogil
 
     ctypedef struct qk_woq_kernel:
         const char* name
@@ -50,7 +50,7 @@ cdef extern from "qkern/woq.h":
         uint32_t kr
         uint32_t dtypes
         qk_woq_widen_fn widen
-        qk_woq_split_fn split
+        qk_woq_pack_x_fn pack_x
 
     const qk_woq_kernel qk_woq_kernels[]
     const size_t qk_woq_num_kernels

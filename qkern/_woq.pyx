@@ -19,7 +19,7 @@ def registry():
     for i in range(qk_woq_num_kernels):
         e = &qk_woq_kernels[i]
         out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes, e.widen != NULL,
-                    e.split != NULL))
+                    e.pack_x != NULL))
     return out
 
 

@@ -186,3 +186,19 @@ def test_split_planes_sum_exactly(kern):
         w = np.ones((3, 1), np.int8)
         y = qkern.WoqLinear(w, np.ones(3, dtype), kernel=kern.name)(x)
         assert np.array_equal(y, np.repeat(x, 3, axis=1)), dtype
+
+
+@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].splits_x])
+def test_packed_x_blocks(kern):
+    """Kernels on packed x (the AMX kernels): M over one 2048-row block of
+    packed x, N over one group of 4 panels, K over several K blocks of each
+    dtype's plane count; against the reference, and bitwise the same on 1
+    and 2 threads."""
+    rng = np.random.default_rng(11)
+    m, n, k = 2048 + 37, 5 * kern.nr + 3, 19 * 32 + 5
+    for dtype in DTYPES:
+        x, w, s, b = _data(rng, m, n, k, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        y = _run_poisoned(layer, x, n, num_threads=2)
+        assert_woq_close(y, x, w, s, b, daz=True, planes=kern.planes(dtype))
+        assert np.array_equal(y.view(np.uint8), layer(x, num_threads=1).view(np.uint8))

@@ -29,6 +29,19 @@
  * Widened layout: the same bytes widened to bf16 (2 bytes each, same order),
  * the k-groups of each panel padded with zeros to a multiple of 16 (one AMX
  * tile of k-groups): a panel is roundup(Kp/kr, 16) * nr * kr * 2 bytes.
+ *
+ * Packed x (for kernels with a pack_x function; MR = 32): x as bf16 planes
+ * (P = 1 for bf16 x, 2 for f16, 3 for f32, summing to x exactly), in groups
+ * of 32 rows, each group roundup(K, 32) / 32 * P * 2048 bytes:
+ *
+ *   for c in 0 .. roundup(K, 32)/32 - 1:   chunk of 32 k (one AMX A tile wide)
+ *     for p in 0 .. P-1:                   plane
+ *       for i in 0 .. 31:                  row of the group
+ *         32 bf16: plane p of x[i, 32c .. 32c+31]    (0 beyond K)
+ *
+ *   so the A tile of rows 0..15 (16..31) of chunk c, plane p, is 1 KiB
+ *   contiguous at (c * P + p) * 2048 (+ 1024).  Rows past the last row of x
+ *   are not written and never loaded.
  */
 #ifndef QKERN_WOQ_H
 #define QKERN_WOQ_H
@@ -62,7 +75,9 @@ enum { QK_OK = 0, QK_ERR_ARG = 1, QK_ERR_NOMEM = 2 };
  *   mr      rows to compute, 1 <= mr <= MR
  *   nc      columns to compute, >= 1; w, scale, bias start at column 0
  *   kc      K (>= 0); the packed panels hold roundup(kc, kr) k-values
- *   a       mr row pointers to x, each kc elements of dtype dt (unit stride)
+ *   a       mr row pointers to x, each kc elements of dtype dt (unit stride);
+ *           for a kernel with a pack_x function, a[0] alone: its group of
+ *           packed x (layout above)
  *   w       packed panels (layout above) starting at the first column
  *   scale   nc (rounded up to nr) f32 scales;  bias: same, or NULL
  *   c       first output row; rows c_stride bytes apart; dtype dt
@@ -76,10 +91,11 @@ typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc,
 /* Widens `panels` packed panels of kc k-values into the widened layout. */
 typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);
 
-/* Splits one row of kc f16/f32 activations into bf16 planes whose sum is the
- * row (3 planes for f32, 2 for f16), each plane qk_woq_split_plane_size(kc)
- * values apart, zero-padded past kc. */
-typedef void (*qk_woq_split_fn)(const void* row, qk_dtype dt, size_t kc, void* out);
+/* Packs one row of kc activations into packed x (layout above): chunk c of
+ * plane p at out + c * chunk_stride + p * 2048 bytes (out: the row's first
+ * 64 bytes within its group; chunk_stride = P * 2048). */
+typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* out,
+                                 size_t chunk_stride);
 
 /* One registry entry: the single source of truth for dispatch, tests,
  * qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads the same
@@ -94,12 +110,12 @@ typedef struct qk_woq_kernel {
   uint32_t mr, nr, kr;
   uint32_t dtypes;        /* bit (1 << qk_dtype) set for each x dtype accepted */
   qk_woq_widen_fn widen;  /* NULL: the kernel reads the packed int8 panels */
-  qk_woq_split_fn split;  /* non-NULL: f16/f32 x reaches the kernel split
-                             into bf16 planes by the driver */
+  qk_woq_pack_x_fn pack_x; /* non-NULL: x reaches the kernel as packed x
+                               (layout above), written by the driver */
 } qk_woq_kernel;
 
-/* Values per plane of a split row: roundup(k, 32). */
-size_t qk_woq_split_plane_size(size_t k);
+/* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
+size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt);
 
 /* Bytes of one widened panel of kc k-values in layout (nr, kr). */
 size_t qk_woq_widened_panel_size(size_t k, uint32_t nr, uint32_t kr);

@@ -30,7 +30,8 @@ QK_DECLARE_UKERNEL(qk_woq_bf16w_gemm_ukernel_32x32c2__amx)
 /* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
-/* Activation splitting (qk_woq_split_fn), src/woq/split-x-<isa>.c. */
-void qk_woq_split_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out);
+/* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
+void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out,
+                           size_t chunk_stride);
 
 #endif /* QKERN_WOQ_UKERNELS_H */

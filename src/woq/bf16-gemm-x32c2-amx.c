@@ -5,17 +5,14 @@
  * tiles and run the epilogue.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), layout nr = 32, kr = 2
- * (packed, or widened for bf16w), mr <= 32.  bf16 x is read as is; f16 and
- * f32 x come split by the driver into 2 or 3 bf16 planes whose sum is x
- * exactly (qk_woq_split_x__avx512), each plane one more tdpbf16ps per tile.
- *
- * For each 32-column panel, K is walked in chunks of 32 (16 k-groups):
+ * (packed, or widened for bf16w), mr <= 32, x packed by the driver
+ * (qk_woq_pack_x__avx512, "Packed x" in include/qkern/woq.h): a[0] is the
+ * group of 32 rows, bf16 as is, f16 and f32 split into 2 or 3 bf16 planes
+ * whose sum is x exactly, each plane one more tdpbf16ps per tile.
  *
  *   C  tmm0..tmm3  rows 0..15 / 16..31 x columns 0..15 / 16..31, f32
- *   A  tmm4, tmm5  rows 0..15 / 16..31 x 32 bf16: x[i, k0 .. k0+31], loaded
- *                  straight from x when the rows are equally spaced and the
- *                  chunk ends within kc, else copied into an aligned buffer
- *                  with zeros beyond kc (x is never read past kc)
+ *   A  tmm4, tmm5  rows 0..15 / 16..31 x 32 bf16 of one chunk of 32 k and
+ *                  one plane: 1 KiB contiguous in packed x
  *   B  tmm6, tmm7  16 k-groups x 16 columns x (k, k+1) bf16: a k-group's
  *                  64 int8, widened to bf16 (exact: |w| <= 128), are one row
  *                  of each, built in a buffer (rows past the last k-group
@@ -23,11 +20,17 @@
  *                  panel, whose zero padding covers the last chunk; each B
  *                  tile serves both row halves
  *
+ * Loops: panels in groups of 4; K in blocks of 8 A tiles (8, 4 or 2 chunks
+ * for 1, 2 or 3 planes, 16 KiB or 12 KiB), each block over the group's
+ * panels, so a block of A is read from L1 by every panel of the group after
+ * the first; between blocks a panel's C tiles are parked in an f32 buffer
+ * (exact, so the sum is the one a single pass over K would give).
+ *
  * tdpbf16ps accumulates in f32, like vdpbf16ps treating bf16 subnormal inputs
  * as zero and flushing subnormal results (DAZ/FTZ), in its own summation
- * order.  Epilogue: scale (multiply), bias (add), one rounding to bf16 (exact
- * RNE, subnormals kept); only rows < mr and columns < nc are written.  The
- * tile configuration is loaded on entry and released on return.
+ * order.  Epilogue: scale (multiply), bias (add), one rounding to the dtype
+ * of x (exact RNE, subnormals kept); only rows < mr and columns < nc are
+ * written.  The tile configuration is loaded on entry and released on return.
  */
 #include <string.h>
 
@@ -75,18 +78,6 @@ QK_INLINE void load_tile_config(size_t mr) {
   _tile_loadconfig(&cfg);
 }
 
-/* x[i, k0 .. k0+31] of rows i < mr, zero beyond kc (masked-off lanes are not
- * read, so no access goes past the row). */
-QK_INLINE void copy_a(size_t mr, const void* const* a, size_t k0, size_t kc,
-                      uint16_t abuf[32][32]) {
-  const size_t n = kc - k0;
-  const __mmask32 mask = n >= 32 ? (__mmask32)~0u : (__mmask32)((1u << n) - 1u);
-  for (size_t i = 0; i < mr; i++) {
-    QK_ASAN_CHECK((const uint16_t*)a[i] + k0, 2 * (n >= 32 ? 32 : n), 0);
-    _mm512_store_si512(abuf[i], _mm512_maskz_loadu_epi16(mask, (const uint16_t*)a[i] + k0));
-  }
-}
-
 /* `groups` (<= 16) k-groups of 64 int8 -> rows of the two B tiles. */
 QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]) {
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
@@ -102,89 +93,97 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
   }
 }
 
+/* Panels per group, whose C tiles are parked in memory between K blocks. */
+#define PANELS_PER_GROUP 4
+/* 32-k chunks per K block, over the planes: the block's A tiles
+ * (CHUNKS_PER_BLOCK * 2 KiB) stay in L1 while the group's panels use them. */
+#define CHUNKS_PER_BLOCK 8
+
 /* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
  * into the B tiles; else packed int8 panels, widened here chunk by chunk.
  * Rows 16..31 (when mr > 16) reuse each B tile loaded for rows 0..15. */
 QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc,
                         size_t kc, const void* const* a, const int8_t* w, const float* scale,
                         const float* bias, void* c, ptrdiff_t c_stride) {
-  /* f16/f32 x arrives split into bf16 planes (the driver's split function):
-   * plane p of row i at a[i] + p * plane_bytes, zero-padded to a multiple of
-   * 32 k, rows equally spaced. */
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
-  const size_t plane_bytes = (kc + 31) / 32 * 32 * 2;
-  uint16_t abuf[32][32] __attribute__((aligned(64)));
+  const size_t block = CHUNKS_PER_BLOCK / planes;
+  const char* at = (const char*)a[0]; /* packed x: chunk c, plane p at (c * planes + p) * 2 KiB */
   uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
-  float cbuf[32][32] __attribute__((aligned(64)));
+  float acc[PANELS_PER_GROUP][32][32] __attribute__((aligned(64)));
   const int two = mr > 16;
-  const size_t groups = (kc + 1) / 2;
-  const size_t panel_bytes = PREWIDENED ? (groups + 15) / 16 * 16 * 128 : groups * 64;
-  /* Rows equally spaced (as they are when x is one strided array): full
-   * chunks of A are loaded straight from x. */
-  const char* a0 = (const char*)a[0];
-  const ptrdiff_t a_stride = mr > 1 ? (ptrdiff_t)((uintptr_t)a[1] - (uintptr_t)a0) : 0;
-  int a_direct = 1;
-  for (size_t i = 2; i < mr; i++)
-    a_direct &= (ptrdiff_t)((uintptr_t)a[i] - (uintptr_t)a[i - 1]) == a_stride;
+  const size_t groups = (kc + 1) / 2, chunks = (groups + 15) / 16;
+  const size_t panel_bytes = PREWIDENED ? chunks * 16 * 128 : groups * 64;
 
   load_tile_config(mr);
-  for (size_t n0 = 0; n0 < nc; n0 += 32, w += panel_bytes) {
-    _tile_zero(TILE_C00);
-    _tile_zero(TILE_C01);
-    if (two) {
-      _tile_zero(TILE_C10);
-      _tile_zero(TILE_C11);
-    }
-    for (size_t g0 = 0; g0 < groups; g0 += 16) {
-      const size_t k0 = 2 * g0;
-      const int direct = planes > 1 || (a_direct && k0 + 32 <= kc);
-      if (!direct) copy_a(mr, a, k0, kc, abuf);
-      if (!PREWIDENED) widen_b(w + 64 * g0, groups - g0 < 16 ? groups - g0 : 16, bbuf);
-      QK_MEMORY_BARRIER();
-      if (PREWIDENED) {
-        QK_ASAN_CHECK(w + 128 * g0, 16 * 128, 0);
-        _tile_loadd(TILE_B0, w + 128 * g0, 128);
-        _tile_loadd(TILE_B1, w + 128 * g0 + 64, 128);
-      } else {
-        _tile_loadd(TILE_B0, bbuf[0], 64);
-        _tile_loadd(TILE_B1, bbuf[1], 64);
-      }
-      for (size_t p = 0; p < planes; p++) {
-        const char* ap = a0 + p * plane_bytes + 2 * k0;
-        if (direct) {
-          for (size_t i = 0; i < mr; i++) QK_ASAN_CHECK(ap + (ptrdiff_t)i * a_stride, 64, 0);
-          _tile_loadd(TILE_A0, ap, a_stride);
-        } else
-          _tile_loadd(TILE_A0, abuf[0], 64);
-        _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
-        _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+  for (size_t n0 = 0; n0 < nc; n0 += 32 * PANELS_PER_GROUP) {
+    const size_t left = (nc - n0 + 31) / 32;
+    const size_t panels = left < PANELS_PER_GROUP ? left : PANELS_PER_GROUP;
+    const int8_t* wg = w + n0 / 32 * panel_bytes;
+    /* K blocks in order, each over the group's panels; with kc = 0 one empty
+     * block stores the zeroed tiles. */
+    for (size_t c0 = 0; c0 == 0 || c0 < chunks; c0 += block) {
+      const size_t c_end = c0 + block < chunks ? c0 + block : chunks;
+      for (size_t pn = 0; pn < panels; pn++) {
+        const int8_t* wp = wg + pn * panel_bytes;
+        float(*cp)[32] = acc[pn];
+        if (c0 == 0) {
+          _tile_zero(TILE_C00);
+          _tile_zero(TILE_C01);
+          _tile_zero(TILE_C10);
+          _tile_zero(TILE_C11);
+        } else {
+          _tile_loadd(TILE_C00, &cp[0][0], 128);
+          _tile_loadd(TILE_C01, &cp[0][16], 128);
+          if (two) {
+            _tile_loadd(TILE_C10, &cp[16][0], 128);
+            _tile_loadd(TILE_C11, &cp[16][16], 128);
+          }
+        }
+        for (size_t ch = c0; ch < c_end; ch++) {
+          if (PREWIDENED) {
+            QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
+            _tile_loadd(TILE_B0, wp + 2048 * ch, 128);
+            _tile_loadd(TILE_B1, wp + 2048 * ch + 64, 128);
+          } else {
+            widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, bbuf);
+            QK_MEMORY_BARRIER();
+            _tile_loadd(TILE_B0, bbuf[0], 64);
+            _tile_loadd(TILE_B1, bbuf[1], 64);
+          }
+          for (size_t p = 0; p < planes; p++) {
+            const char* ap = at + (ch * planes + p) * 2048;
+            QK_ASAN_CHECK(ap, (two ? 1024 + 64 * (mr - 16) : 64 * mr), 0);
+            _tile_loadd(TILE_A0, ap, 64);
+            _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+            _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+            if (two) {
+              _tile_loadd(TILE_A1, ap + 1024, 64);
+              _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+              _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+            }
+          }
+        }
+        _tile_stored(TILE_C00, &cp[0][0], 128);
+        _tile_stored(TILE_C01, &cp[0][16], 128);
         if (two) {
-          if (direct)
-            _tile_loadd(TILE_A1, ap + 16 * a_stride, a_stride);
-          else
-            _tile_loadd(TILE_A1, abuf[16], 64);
-          _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
-          _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+          _tile_stored(TILE_C10, &cp[16][0], 128);
+          _tile_stored(TILE_C11, &cp[16][16], 128);
         }
       }
     }
-    _tile_stored(TILE_C00, &cbuf[0][0], 128);
-    _tile_stored(TILE_C01, &cbuf[0][16], 128);
-    if (two) {
-      _tile_stored(TILE_C10, &cbuf[16][0], 128);
-      _tile_stored(TILE_C11, &cbuf[16][16], 128);
-    }
     QK_MEMORY_BARRIER();
 
-    for (size_t h = 0; h < 2; h++) {
-      const size_t col = n0 + 16 * h;
-      if (col >= nc) break;
-      const __mmask16 mask = qk512_mask(nc - col);
-      const __m512 s = _mm512_loadu_ps(scale + col);
-      const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
-      for (size_t i = 0; i < mr; i++) {
-        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
-                       _mm512_load_ps(&cbuf[i][16 * h]), s, b, bias != NULL, mask);
+    for (size_t pn = 0; pn < panels; pn++) {
+      for (size_t h = 0; h < 2; h++) {
+        const size_t col = n0 + 32 * pn + 16 * h;
+        if (col >= nc) break;
+        const __mmask16 mask = qk512_mask(nc - col);
+        const __m512 s = _mm512_loadu_ps(scale + col);
+        const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+        for (size_t i = 0; i < mr; i++) {
+          qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
+                         _mm512_load_ps(&acc[pn][i][16 * h]), s, b, bias != NULL, mask);
+        }
       }
     }
   }

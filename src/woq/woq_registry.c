@@ -31,9 +31,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
 #endif
 #ifdef QKERN_HAVE_AMX
     {"bf16_gemm_32x32c2__amx", qk_woq_bf16_gemm_ukernel_32x32c2__amx, QK_ISA_AMX, 32, 32, 2, ALL,
-     NULL, qk_woq_split_x__avx512},
+     NULL, qk_woq_pack_x__avx512},
     {"bf16w_gemm_32x32c2__amx", qk_woq_bf16w_gemm_ukernel_32x32c2__amx, QK_ISA_AMX, 32, 32, 2, ALL,
-     qk_woq_widen_x32c2__avx512, qk_woq_split_x__avx512},
+     qk_woq_widen_x32c2__avx512, qk_woq_pack_x__avx512},
 #endif
 };
 
