@@ -65,8 +65,16 @@ _KERNELS_NK = {True: 2048, False: 4096}
 _PEER_MS = {True: (1, 16, 128), False: (1, 4, 16, 32, 64, 128, 256, 1024)}
 _PEER_SHAPES = {True: [(4096, 4096)],
                 False: [(4096, 4096), (11008, 4096), (4096, 11008)]}
-# Odd shapes: (M, N, K), each compared with the nearest aligned shape.
+# Odd shapes: (M, N, K), each timed beside its aligned twin (aligned_twin).
 _ODD_SHAPES = {True: [], False: [(7, 1000, 4095), (33, 4097, 1023)]}
+
+
+def aligned_twin(m: int, n: int, k: int) -> tuple:
+    """The nearest aligned shape of an odd one: M to the nearest power of two,
+    N and K to the nearest multiples of 32 (one panel, one AMX chunk)."""
+    def nearest(v, step):
+        return max(step, (v + step // 2) // step * step)
+    return 2 ** round(np.log2(m)), nearest(n, 32), nearest(k, 32)
 
 # The instruction that does a kernel's multiply-adds, by the kernel's ISA
 # (the portable reference is held to the AVX2 FMA peak).
@@ -207,7 +215,8 @@ KERNELS_COLUMNS = [("kernel", "name", "{}"), ("isa", "isa", "{}"), ("dtype", "dt
 PEERS_COLUMNS = [("peer", "name", "{}"), ("thr", "threads", "{}"), ("M", "M", "{}"),
                  ("N", "N", "{}"), ("K", "K", "{}"), ("kernel", "kernel", "{}")] + \
     _TIME_COLUMNS + [("% roof", "pct_roofline", "{:.0f}"),
-                     ("t / qkern", "ratio_vs_qkern", "{:.2f}")]
+                     ("t / qkern", "ratio_vs_qkern", "{:.2f}"),
+                     ("GFLOP/s / twin's", "vs_aligned_twin", "{:.2f}")]
 
 
 def kernels_table(threads: int, quick: bool) -> list:
@@ -336,7 +345,8 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
     quick : bool
         M in {1, 16, 128} on (4096, 4096) when true; else the full grid of
         M in {1, 4, 16, 32, 64, 128, 256, 1024} on (4096, 4096),
-        (11008, 4096), (4096, 11008) and the odd shapes.
+        (11008, 4096), (4096, 11008), and the odd shapes each beside its
+        :func:`aligned_twin`.
     roof : qkern.roofline.Roofline
         Measured in the same run, for the % of roofline.
     torch : module, optional
@@ -346,11 +356,16 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
     -------
     list of dict
         One row per (shape, M, peer), with ``ratio_vs_qkern`` (peer median /
-        ``qkern bfloat16`` median) and, for qkern, ``pct_roofline``.
+        ``qkern bfloat16`` median), for qkern ``pct_roofline``, and for an odd
+        shape ``vs_aligned_twin`` (its GFLOP/s over the same peer's on the
+        aligned twin).
     """
     rng = np.random.default_rng(0)
     problems = [((n, k), _PEER_MS[quick]) for n, k in _PEER_SHAPES[quick]]
-    problems += [((n, k), (m,)) for m, n, k in _ODD_SHAPES[quick]]
+    odd = {}  # (m, n, k) of an odd shape -> its aligned twin
+    for shape in _ODD_SHAPES[quick]:
+        odd[shape] = twin = aligned_twin(*shape)
+        problems += [((twin[1], twin[2]), (twin[0],)), ((shape[1], shape[2]), (shape[0],))]
     rows = []
     for (n, k), ms in problems:
         prob = _Problem(rng, n, k, max(ms), torch)
@@ -368,6 +383,11 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
                                                                   threads) / t.median
                 rows.append(row)
         del prob
+    gflops = {(r["name"], r["M"], r["N"], r["K"]): r["gflops"] for r in rows}
+    for r in rows:
+        twin = odd.get((r["M"], r["N"], r["K"]))
+        if twin is not None:
+            r["vs_aligned_twin"] = r["gflops"] / gflops[(r["name"], *twin)]
     return rows
 
 

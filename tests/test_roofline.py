@@ -69,6 +69,29 @@ def test_roofline_seconds_takes_the_binding_ceiling():
         assert t == pytest.approx(3 * 2e9 / 1e12)
 
 
+def test_aligned_twin_is_the_nearest_aligned_shape():
+    assert bench.aligned_twin(7, 1000, 4095) == (8, 992, 4096)
+    assert bench.aligned_twin(33, 4097, 1023) == (32, 4096, 1024)
+    assert bench.aligned_twin(1, 5, 40) == (1, 32, 32)
+
+
+def test_odd_shapes_are_timed_beside_their_twins(monkeypatch):
+    """Each odd shape's row carries its GFLOP/s over the same peer's on the
+    aligned twin, which is timed in the same table."""
+    monkeypatch.setitem(bench._PEER_SHAPES, True, [])
+    monkeypatch.setitem(bench._ODD_SHAPES, True, [(3, 40, 70)])
+    monkeypatch.setattr(bench, "copies_for_cold", lambda nbytes: 2)
+    roof = roofline.Roofline(bandwidth={1: [10.0]},
+                             peaks={name: {1: [100.0]} for name in bench._PEAK_FOR_ISA.values()})
+    rows = bench.peers_table(1, True, roof)
+    twin = {(r["name"]): r for r in rows if (r["M"], r["N"], r["K"]) == (4, 32, 64)}
+    odd = [r for r in rows if (r["M"], r["N"], r["K"]) == (3, 40, 70)]
+    assert odd and set(twin) == {r["name"] for r in odd}
+    for r in odd:
+        assert r["vs_aligned_twin"] == pytest.approx(r["gflops"] / twin[r["name"]]["gflops"])
+    assert all("vs_aligned_twin" not in r for r in twin.values())
+
+
 @pytest.mark.parametrize("args, message", [
     (["bench", "--threads", "0"], "expected a positive integer"),
     (["bench", "--threads", "1,x"], "expected a positive integer"),
