@@ -192,8 +192,9 @@ def test_split_planes_sum_exactly(kern):
 def test_packed_x_blocks(kern):
     """Kernels on packed x (the AMX kernels): M over one 2048-row block of
     packed x, N over one group of 4 panels, K over several K blocks of each
-    dtype's plane count; against the reference, and bitwise the same on 1
-    and 2 threads."""
+    dtype's plane count; against the reference, bitwise the same on 1 and 2
+    threads, and row for row the same as a call of fewer rows (which the
+    driver cuts into narrower chunks)."""
     rng = np.random.default_rng(11)
     m, n, k = 2048 + 37, 5 * kern.nr + 3, 19 * 32 + 5
     for dtype in DTYPES:
@@ -202,3 +203,4 @@ def test_packed_x_blocks(kern):
         y = _run_poisoned(layer, x, n, num_threads=2)
         assert_woq_close(y, x, w, s, b, daz=True, planes=kern.planes(dtype))
         assert np.array_equal(y.view(np.uint8), layer(x, num_threads=1).view(np.uint8))
+        assert np.array_equal(y[-37:].view(np.uint8), layer(x[-37:]).view(np.uint8))
