@@ -45,16 +45,10 @@ TEST_FILES = ("test_qconv_gpu.py", "test_torch_qconv_gpu.py")
 def gpu_reason() -> str | None:
     """Why the GPU path cannot run here, or None."""
     try:
-        from qkern.cudnn import CudnnUnavailableError, _device
-        import qkern
+        import qkern.cudnn
     except ImportError as e:
         return f"qkern is not built here ({e})"
-    try:
-        _device.require_cuda()
-        qkern.cudnn.load()
-    except CudnnUnavailableError as e:
-        return str(e)
-    return None
+    return qkern.cudnn.unavailable_reason()
 
 
 def median_ms(fn, sync, runs: int = 20) -> tuple[float, float, float]:

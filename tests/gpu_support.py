@@ -14,24 +14,11 @@ import os
 
 import numpy as np
 
-import qkern
+import qkern.cudnn
 from qconv_reference import conv_accumulator
 
 
-def gpu_reason() -> str | None:
-    """Why qkern's GPU path cannot run here (no cuda.core, CUDA device or cuDNN), or None."""
-    try:
-        import cuda.core  # noqa: F401
-    except ImportError:
-        return "cuda-core is not installed"
-    from qkern.cudnn import CudnnUnavailableError, _device
-
-    try:
-        _device.require_cuda()
-        qkern.cudnn.load()
-    except CudnnUnavailableError as e:
-        return str(e)
-    return None
+gpu_reason = qkern.cudnn.unavailable_reason
 
 
 def report(record: dict) -> None:

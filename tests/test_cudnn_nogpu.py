@@ -4,6 +4,7 @@ layout/dtype/shape/alignment checks, error types and DLPack export."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -59,10 +60,12 @@ def test_import_and_cpu_path_without_any_cuda_package():
                 print(e)
             else:
                 raise AssertionError('no CudnnUnavailableError')
+        print(qkern.cudnn.unavailable_reason())
     """)
     lines = out.strip().splitlines()
     assert "cuDNN 9 was not found" in lines[0] and "cuda-pathfinder is not installed" in lines[0]
     assert "cuda.core / cuda.bindings are not installed" in lines[1]
+    assert lines[2] == lines[1]  # the reason is the error the first CUDA call raises
 
 
 def test_import_does_not_load_cuda_even_when_installed():
@@ -109,6 +112,7 @@ def test_no_device_is_unavailable_not_a_crash():
     with pytest.raises(CudnnUnavailableError, match="no usable CUDA device 0"):
         qkern.cudnn.QConv2d(np.zeros((4, 3, 3, 4), np.int8), act_scale=1.0, weight_scale=1.0,
                             out_scale=1.0)
+    assert re.search(r"no CUDA driver or device.*qkern\[cuda\]", qkern.cudnn.unavailable_reason())
 
 
 def test_cudnn_error_message_and_status_names():
