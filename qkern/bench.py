@@ -18,7 +18,8 @@ Everything is measured in this one run, side by side:
     float32 (weight packed once, kernel chosen automatically),
     ``qkern.weight_int8pack_mm`` (packs on every call; quick grid only),
     NumPy dequantize-then-matmul in float32 (dequantization timed too), and
-    when PyTorch is installed ``torch._weight_int8pack_mm`` and dense
+    when PyTorch is installed ``torch._weight_int8pack_mm`` (where K is a
+    multiple of 16: PyTorch 2.13's kernel crashes on other K) and dense
     bfloat16 ``torch.mm``.  Weights are cold: every timed call uses the next
     of several copies whose total exceeds the last-level cache.
 
@@ -75,6 +76,11 @@ def aligned_twin(m: int, n: int, k: int) -> tuple:
     def nearest(v, step):
         return max(step, (v + step // 2) // step * step)
     return 2 ** round(np.log2(m)), nearest(n, 32), nearest(k, 32)
+
+# torch._weight_int8pack_mm is timed only where K is a multiple of this:
+# PyTorch 2.13's CPU kernel loads each weight row with aligned 16-byte loads
+# (no K tail) and dies of a segmentation fault on other K.
+TORCH_INT8_K_MULTIPLE = 16
 
 # The instruction that does a kernel's multiply-adds, by the kernel's ISA
 # (the portable reference is held to the AVX2 FMA peak).
@@ -326,9 +332,10 @@ class _Problem:
 
             tx, ts, tw, dense = (self.torch[key] for key in ("x", "s", "w", "dense"))
             tx = tx[:m].clone()
-            out["torch._weight_int8pack_mm"] = (
-                "bfloat16", None, self.n * self.k,
-                lambda: torch._weight_int8pack_mm(tx, tw(), ts))
+            if self.k % TORCH_INT8_K_MULTIPLE == 0:
+                out["torch._weight_int8pack_mm"] = (
+                    "bfloat16", None, self.n * self.k,
+                    lambda: torch._weight_int8pack_mm(tx, tw(), ts))
             out["torch.mm bf16 dense"] = ("bfloat16", None, 2 * self.n * self.k,
                                           lambda: torch.mm(tx, dense()))
         return out
@@ -399,7 +406,8 @@ def _load_torch():
 
     if not hasattr(torch, "_weight_int8pack_mm"):
         return None, f"{torch.__version__} has no _weight_int8pack_mm: its rows are skipped"
-    return torch, torch.__version__
+    return torch, (f"{torch.__version__} (its _weight_int8pack_mm timed only where "
+                   f"K % {TORCH_INT8_K_MULTIPLE} == 0: its CPU kernel crashes on other K)")
 
 
 @contextlib.contextmanager

@@ -46,3 +46,16 @@ def test_parity_with_torch(m, n, k16, dtype, seed):
     bound = (woq_bound(x, w, s, None, dtype, **ours_terms)
              + woq_bound(x, w, s, None, dtype, dtype == BF16))
     assert (diff <= bound).all()
+
+
+def test_bench_leaves_torch_out_where_its_kernel_would_crash(monkeypatch):
+    """qkern.bench times torch._weight_int8pack_mm only where K % 16 == 0
+    (the K the op survives), and every qkern peer on every K."""
+    from qkern import bench
+
+    monkeypatch.setattr(bench, "copies_for_cold", lambda nbytes: 2)
+    rng = np.random.default_rng(0)
+    for k, with_torch in ((48, True), (47, False)):
+        names = bench._Problem(rng, 40, k, 4, torch).calls(3, 1, False)
+        assert ("torch._weight_int8pack_mm" in names) == with_torch
+        assert {"qkern bfloat16", "torch.mm bf16 dense"} <= set(names)
