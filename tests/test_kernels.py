@@ -191,13 +191,13 @@ def test_split_planes_sum_exactly(kern):
 @pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].splits_x])
 def test_packed_x_blocks(kern):
     """Kernels on packed x (the AMX kernels): M over one 2048-row block of
-    packed x, N over one group of 4 panels, K over several K blocks of each
-    dtype's plane count; against the reference, bitwise the same on 1 and 2
-    threads, and row for row the same as a call of fewer rows (which the
-    driver cuts into narrower chunks)."""
+    packed x, N over one 256-column chunk, K over several sub-blocks and over
+    several 1024-k blocks; against the reference, bitwise the same on 1 and
+    2 threads, and row for row the same as a call of fewer rows."""
     rng = np.random.default_rng(11)
-    m, n, k = 2048 + 37, 5 * kern.nr + 3, 19 * 32 + 5
-    for dtype in DTYPES:
+    for (m, n, k), dtype in itertools.product(
+            [(2048 + 37, 9 * kern.nr + 3, 19 * 32 + 5), (70, 2 * kern.nr + 5, 2 * 1024 + 37)],
+            DTYPES):
         x, w, s, b = _data(rng, m, n, k, dtype)
         layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
         y = _run_poisoned(layer, x, n, num_threads=2)

@@ -9,7 +9,9 @@ below are what they are:
   256 x 64 weight (16 KiB) and widens scales and bias.  Leaking any of these
   once per call grows the process by at least 40 MB over `CALLS` calls.
 * What does move without a leak is allocator state: glibc's and Python's
-  free lists and arenas, which the warm-up calls fill first.  Measured here
+  free lists and arenas, which the warm-up calls fill first.  Free memory
+  glibc kept from earlier tests (resident, so a leak could reuse it unseen)
+  is handed back with ``malloc_trim`` before the first reading.  Measured here
   it stays at 0 MiB on the CI machine; `RSS_BOUND` allows 4 MiB, a tenth of the smallest
   leak above.
 * A leaked *reference* to an argument costs no memory when the same array
@@ -24,6 +26,8 @@ allocator (freed blocks wait in a quarantine of up to 256 MiB), not qkern;
 the tests that read it are skipped there, and run in every other pass.
 """
 
+import ctypes
+import ctypes.util
 import gc
 import os
 import sys
@@ -53,6 +57,15 @@ def _asan_loaded() -> bool:
 reads_rss = pytest.mark.skipif(
     _asan_loaded(), reason="under AddressSanitizer the resident size measures its "
                            "quarantine of freed blocks, not qkern")
+
+
+def _settle() -> None:
+    """Collect garbage and hand glibc's free heap memory back to the OS, so
+    that what is resident afterwards is what is live."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
 
 
 def rss() -> int:
@@ -89,7 +102,7 @@ def test_rss_flat_over_10000_small_calls(kind):
     call, args = _small_calls(kind)
     for _ in range(WARMUP):
         call()
-    gc.collect()
+    _settle()
     refs = [sys.getrefcount(a) for a in args]
     before = rss()
     for _ in range(CALLS):
@@ -106,7 +119,7 @@ def test_rss_sees_a_leak_of_one_result_per_call():
     call, _ = _small_calls("layer")
     for _ in range(WARMUP):
         call()
-    gc.collect()
+    _settle()
     before = rss()
     kept = [call() for _ in range(CALLS)]
     assert rss() - before > 5 * RSS_BOUND

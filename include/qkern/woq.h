@@ -75,9 +75,7 @@ enum { QK_OK = 0, QK_ERR_ARG = 1, QK_ERR_NOMEM = 2 };
  *   mr      rows to compute, 1 <= mr <= MR
  *   nc      columns to compute, >= 1; w, scale, bias start at column 0
  *   kc      K (>= 0); the packed panels hold roundup(kc, kr) k-values
- *   a       mr row pointers to x, each kc elements of dtype dt (unit stride);
- *           for a kernel with a pack_x function, a[0] alone: its group of
- *           packed x (layout above)
+ *   a       mr row pointers to x, each kc elements of dtype dt (unit stride)
  *   w       packed panels (layout above) starting at the first column
  *   scale   nc (rounded up to nr) f32 scales;  bias: same, or NULL
  *   c       first output row; rows c_stride bytes apart; dtype dt
@@ -87,6 +85,27 @@ typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc,
                                   const int8_t* w, const float* scale,
                                   const float* bias, void* c,
                                   ptrdiff_t c_stride);
+
+/*
+ * A K-block micro-kernel (a kernel on packed x) computes one block of K for
+ * mr <= 32 rows and nc columns, carrying f32 partial sums from block to
+ * block in acc; blocks come in order of k, so every output is one fp32 sum
+ * over all of K in the same order whatever the blocking around it:
+ *
+ *   kc      k values in this block (all but the last block: a multiple of 32)
+ *   a       the rows' group of packed x, at the block's first chunk
+ *   w       the block of the first panel (packed, or widened for a kernel
+ *           with a widen function: kc k-values each), panels w_panel_stride
+ *           bytes apart
+ *   acc     mr rows of roundup(nc, 32) f32 (64-byte aligned): the sums of
+ *           the blocks before (not read when first), this block's added in
+ *   last    the block ends K: y = round(acc * scale + bias) written to c
+ *           (scale, bias, c as for qk_woq_ukernel_fn)
+ */
+typedef void (*qk_woq_kblock_fn)(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt,
+                                 const int8_t* w, size_t w_panel_stride, float* acc, int first,
+                                 int last, const float* scale, const float* bias, void* c,
+                                 ptrdiff_t c_stride);
 
 /* Widens `panels` packed panels of kc k-values into the widened layout. */
 typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);
@@ -102,16 +121,17 @@ typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* 
  * packed bytes, so qk_woq_pack() serves them all.  A kernel with a widen
  * function reads widened panels instead: the driver widens each chunk of
  * packed panels once into a per-thread buffer and reuses it for every row
- * block of its task. */
+ * block of its task.  A kernel on packed x has a kblock function and no fn. */
 typedef struct qk_woq_kernel {
   const char* name;
-  qk_woq_ukernel_fn fn;
+  qk_woq_ukernel_fn fn;   /* NULL for a kernel on packed x (kblock instead) */
   qk_isa isa;
   uint32_t mr, nr, kr;
   uint32_t dtypes;        /* bit (1 << qk_dtype) set for each x dtype accepted */
   qk_woq_widen_fn widen;  /* NULL: the kernel reads the packed int8 panels */
   qk_woq_pack_x_fn pack_x; /* non-NULL: x reaches the kernel as packed x
                                (layout above), written by the driver */
+  qk_woq_kblock_fn kblock; /* with pack_x: the kernel, one K block per call */
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */

@@ -24,8 +24,15 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx512)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
-QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_32x32c2__amx)
-QK_DECLARE_UKERNEL(qk_woq_bf16w_gemm_ukernel_32x32c2__amx)
+
+/* K-block kernels on packed x (qk_woq_kblock_fn). */
+#define QK_DECLARE_KBLOCK(NAME)                                                     \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt,            \
+            const int8_t* w, size_t w_panel_stride, float* acc, int first, int last, \
+            const float* scale, const float* bias, void* c, ptrdiff_t c_stride);
+
+QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
+QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
 
 /* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);

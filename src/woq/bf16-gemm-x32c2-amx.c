@@ -4,11 +4,11 @@
  * driver), AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW build the A and B
  * tiles and run the epilogue.
  *
- * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), layout nr = 32, kr = 2
- * (packed, or widened for bf16w), mr <= 32, x packed by the driver
- * (qk_woq_pack_x__avx512, "Packed x" in include/qkern/woq.h): a[0] is the
- * group of 32 rows, bf16 as is, f16 and f32 split into 2 or 3 bf16 planes
- * whose sum is x exactly, each plane one more tdpbf16ps per tile.
+ * Contract: qk_woq_kblock_fn (include/qkern/woq.h), one K block per call,
+ * layout nr = 32, kr = 2 (packed, or widened for bf16w), mr <= 32, x packed
+ * by the driver (qk_woq_pack_x__avx512, "Packed x" in include/qkern/woq.h):
+ * bf16 as is, f16 and f32 split into 2 or 3 bf16 planes whose sum is x
+ * exactly, each plane one more tdpbf16ps per tile.
  *
  *   C  tmm0..tmm3  rows 0..15 / 16..31 x columns 0..15 / 16..31, f32
  *   A  tmm4, tmm5  rows 0..15 / 16..31 x 32 bf16 of one chunk of 32 k and
@@ -20,17 +20,18 @@
  *                  panel, whose zero padding covers the last chunk; each B
  *                  tile serves both row halves
  *
- * Loops: panels in groups of 4; K in blocks of 8 A tiles (8, 4 or 2 chunks
- * for 1, 2 or 3 planes, 16 KiB or 12 KiB), each block over the group's
- * panels, so a block of A is read from L1 by every panel of the group after
- * the first; between blocks a panel's C tiles are parked in an f32 buffer
- * (exact, so the sum is the one a single pass over K would give).
+ * Loops: the block's K in sub-blocks of 16 A tiles (16, 8 or 5 chunks for
+ * 1, 2 or 3 planes, 30-32 KiB), each sub-block over every panel, so a
+ * sub-block of A is read from L1 by every panel after the first; between
+ * sub-blocks (and blocks) a panel's C tiles are parked in acc (exact, so the
+ * sum is the one a single pass over K would give).
  *
  * tdpbf16ps accumulates in f32, like vdpbf16ps treating bf16 subnormal inputs
  * as zero and flushing subnormal results (DAZ/FTZ), in its own summation
- * order.  Epilogue: scale (multiply), bias (add), one rounding to the dtype
- * of x (exact RNE, subnormals kept); only rows < mr and columns < nc are
- * written.  The tile configuration is loaded on entry and released on return.
+ * order.  Epilogue (last block): scale (multiply), bias (add), one rounding
+ * to the dtype of x (exact RNE, subnormals kept); only rows < mr and columns
+ * < nc are written.  The tile configuration is loaded on entry and released
+ * before the epilogue.
  */
 #include <string.h>
 
@@ -93,106 +94,117 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
   }
 }
 
-/* Panels per group, whose C tiles are parked in memory between K blocks. */
-#define PANELS_PER_GROUP 4
-/* 32-k chunks per K block, over the planes: the block's A tiles
- * (CHUNKS_PER_BLOCK * 2 KiB) stay in L1 while the group's panels use them. */
-#define CHUNKS_PER_BLOCK 8
+/* 32-k chunks per sub-block, over the planes: a sub-block's A tiles
+ * (CHUNKS_PER_SUB_BLOCK * 2 KiB) stay in L1 while every panel uses them. */
+#define CHUNKS_PER_SUB_BLOCK 16
 
 /* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
  * into the B tiles; else packed int8 panels, widened here chunk by chunk.
  * Rows 16..31 (when mr > 16) reuse each B tile loaded for rows 0..15. */
 QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc,
-                        size_t kc, const void* const* a, const int8_t* w, const float* scale,
-                        const float* bias, void* c, ptrdiff_t c_stride) {
+                        size_t kc, const char* at, const int8_t* w, size_t w_panel_stride,
+                        float* acc, int first, int last, const float* scale, const float* bias,
+                        void* c, ptrdiff_t c_stride) {
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
-  const size_t block = CHUNKS_PER_BLOCK / planes;
-  const char* at = (const char*)a[0]; /* packed x: chunk c, plane p at (c * planes + p) * 2 KiB */
+  const size_t sub = CHUNKS_PER_SUB_BLOCK / planes;
   uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
-  float acc[PANELS_PER_GROUP][32][32] __attribute__((aligned(64)));
   const int two = mr > 16;
   const size_t groups = (kc + 1) / 2, chunks = (groups + 15) / 16;
-  const size_t panel_bytes = PREWIDENED ? chunks * 16 * 128 : groups * 64;
+  const size_t panels = (nc + 31) / 32, ld = 32 * panels; /* acc: rows ld floats apart */
 
   load_tile_config(mr);
-  for (size_t n0 = 0; n0 < nc; n0 += 32 * PANELS_PER_GROUP) {
-    const size_t left = (nc - n0 + 31) / 32;
-    const size_t panels = left < PANELS_PER_GROUP ? left : PANELS_PER_GROUP;
-    const int8_t* wg = w + n0 / 32 * panel_bytes;
-    /* K blocks in order, each over the group's panels; with kc = 0 one empty
-     * block stores the zeroed tiles. */
-    for (size_t c0 = 0; c0 == 0 || c0 < chunks; c0 += block) {
-      const size_t c_end = c0 + block < chunks ? c0 + block : chunks;
-      for (size_t pn = 0; pn < panels; pn++) {
-        const int8_t* wp = wg + pn * panel_bytes;
-        float(*cp)[32] = acc[pn];
-        if (c0 == 0) {
-          _tile_zero(TILE_C00);
-          _tile_zero(TILE_C01);
-          _tile_zero(TILE_C10);
-          _tile_zero(TILE_C11);
-        } else {
-          _tile_loadd(TILE_C00, &cp[0][0], 128);
-          _tile_loadd(TILE_C01, &cp[0][16], 128);
-          if (two) {
-            _tile_loadd(TILE_C10, &cp[16][0], 128);
-            _tile_loadd(TILE_C11, &cp[16][16], 128);
-          }
-        }
-        for (size_t ch = c0; ch < c_end; ch++) {
-          if (PREWIDENED) {
-            QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
-            _tile_loadd(TILE_B0, wp + 2048 * ch, 128);
-            _tile_loadd(TILE_B1, wp + 2048 * ch + 64, 128);
-          } else {
-            widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, bbuf);
-            QK_MEMORY_BARRIER();
-            _tile_loadd(TILE_B0, bbuf[0], 64);
-            _tile_loadd(TILE_B1, bbuf[1], 64);
-          }
-          for (size_t p = 0; p < planes; p++) {
-            const char* ap = at + (ch * planes + p) * 2048;
-            QK_ASAN_CHECK(ap, (two ? 1024 + 64 * (mr - 16) : 64 * mr), 0);
-            _tile_loadd(TILE_A0, ap, 64);
-            _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
-            _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
-            if (two) {
-              _tile_loadd(TILE_A1, ap + 1024, 64);
-              _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
-              _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-            }
-          }
-        }
-        _tile_stored(TILE_C00, &cp[0][0], 128);
-        _tile_stored(TILE_C01, &cp[0][16], 128);
+  /* Sub-blocks in order, each over every panel; with kc = 0 one empty
+   * sub-block stores the zeroed tiles. */
+  for (size_t c0 = 0; c0 == 0 || c0 < chunks; c0 += sub) {
+    const size_t c_end = c0 + sub < chunks ? c0 + sub : chunks;
+    for (size_t pn = 0; pn < panels; pn++) {
+      const int8_t* wp = w + pn * w_panel_stride;
+      float* cp = acc + 32 * pn;
+      if (first && c0 == 0) {
+        _tile_zero(TILE_C00);
+        _tile_zero(TILE_C01);
+        _tile_zero(TILE_C10);
+        _tile_zero(TILE_C11);
+      } else {
+        _tile_loadd(TILE_C00, cp, 4 * ld);
+        _tile_loadd(TILE_C01, cp + 16, 4 * ld);
         if (two) {
-          _tile_stored(TILE_C10, &cp[16][0], 128);
-          _tile_stored(TILE_C11, &cp[16][16], 128);
+          _tile_loadd(TILE_C10, cp + 16 * ld, 4 * ld);
+          _tile_loadd(TILE_C11, cp + 16 * ld + 16, 4 * ld);
         }
       }
-    }
-    QK_MEMORY_BARRIER();
-
-    for (size_t pn = 0; pn < panels; pn++) {
-      for (size_t h = 0; h < 2; h++) {
-        const size_t col = n0 + 32 * pn + 16 * h;
-        if (col >= nc) break;
-        const __mmask16 mask = qk512_mask(nc - col);
-        const __m512 s = _mm512_loadu_ps(scale + col);
-        const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
-        for (size_t i = 0; i < mr; i++) {
-          qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
-                         _mm512_load_ps(&acc[pn][i][16 * h]), s, b, bias != NULL, mask);
+      for (size_t ch = c0; ch < c_end; ch++) {
+        if (PREWIDENED) {
+          QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
+          _tile_loadd(TILE_B0, wp + 2048 * ch, 128);
+          _tile_loadd(TILE_B1, wp + 2048 * ch + 64, 128);
+        } else {
+          widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, bbuf);
+          QK_MEMORY_BARRIER();
+          _tile_loadd(TILE_B0, bbuf[0], 64);
+          _tile_loadd(TILE_B1, bbuf[1], 64);
         }
+        for (size_t p = 0; p < planes; p++) {
+          const char* ap = at + (ch * planes + p) * 2048;
+          QK_ASAN_CHECK(ap, (two ? 1024 + 64 * (mr - 16) : 64 * mr), 0);
+          _tile_loadd(TILE_A0, ap, 64);
+          _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+          _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+          if (two) {
+            _tile_loadd(TILE_A1, ap + 1024, 64);
+            _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+            _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+          }
+        }
+      }
+      QK_ASAN_CHECK(cp, 4 * (ld * (mr - 1) + 32), 1);
+      _tile_stored(TILE_C00, cp, 4 * ld);
+      _tile_stored(TILE_C01, cp + 16, 4 * ld);
+      if (two) {
+        _tile_stored(TILE_C10, cp + 16 * ld, 4 * ld);
+        _tile_stored(TILE_C11, cp + 16 * ld + 16, 4 * ld);
       }
     }
   }
   _tile_release();
+  QK_MEMORY_BARRIER();
+  if (!last) return;
+
+  for (size_t pn = 0; pn < panels; pn++) {
+    for (size_t h = 0; h < 2; h++) {
+      const size_t col = 32 * pn + 16 * h;
+      if (col >= nc) break;
+      const __mmask16 mask = qk512_mask(nc - col);
+      const __m512 s = _mm512_loadu_ps(scale + col);
+      const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+      for (size_t i = 0; i < mr; i++) {
+        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
+                       _mm512_load_ps(acc + i * ld + col), s, b, bias != NULL, mask);
+      }
+    }
+  }
 }
 
-/* The two kernels differ only in where B comes from (MR is always 32). */
-#define AMX_PACKED(MR, DT, ...) amx_body(0, DT, __VA_ARGS__)
-#define AMX_WIDENED(MR, DT, ...) amx_body(1, DT, __VA_ARGS__)
+/* The two kernels differ only in where B comes from. */
+#define AMX_KBLOCK(NAME, PREWIDENED)                                                      \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w, \
+            size_t w_panel_stride, float* acc, int first, int last, const float* scale,   \
+            const float* bias, void* c, ptrdiff_t c_stride) {                             \
+    switch (dt) {                                                                         \
+      case QK_F32:                                                                        \
+        amx_body(PREWIDENED, QK_F32, mr, nc, kc, (const char*)a, w, w_panel_stride, acc,  \
+                 first, last, scale, bias, c, c_stride);                                  \
+        break;                                                                            \
+      case QK_F16:                                                                        \
+        amx_body(PREWIDENED, QK_F16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc,  \
+                 first, last, scale, bias, c, c_stride);                                  \
+        break;                                                                            \
+      case QK_BF16:                                                                       \
+        amx_body(PREWIDENED, QK_BF16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, \
+                 first, last, scale, bias, c, c_stride);                                  \
+        break;                                                                            \
+    }                                                                                     \
+  }
 
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16_gemm_ukernel_32x32c2__amx, AMX_PACKED, 32)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_bf16w_gemm_ukernel_32x32c2__amx, AMX_WIDENED, 32)
+AMX_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx, 0)
+AMX_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx, 1)

@@ -8,10 +8,16 @@
  * Each output element is produced by exactly one micro-kernel call over all
  * of K, so the bits of y never depend on the number of threads.  For a
  * kernel with a widen function, each thread widens its task's chunk once
- * into its own buffer, which every MR-row step then reads from L2.  For a
- * kernel with a pack_x function, the rows of each row block are first
- * packed (by all threads, a row each) into one shared buffer of packed x,
- * which its tasks then read.
+ * into its own buffer, which every MR-row step then reads from L2.
+ *
+ * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
+ * each block of up to 2048 rows are packed first (by all threads, a row
+ * each) into one shared buffer; a task is then that row block times a chunk
+ * of 256 columns, walked in blocks of 1024 k: the chunk's B for one K block
+ * (widened: 512 KiB) stays in L2 while every 32-row step of the row block
+ * adds its products into the thread's f32 sums (one K block at a time, in
+ * order, so each output is still one sum over K in a fixed order), and the
+ * last K block writes y.
  */
 #include <stdlib.h>
 
@@ -23,15 +29,11 @@
 
 #define QK_MAX_MR 32
 #define QK_MC 256                      /* rows per task */
-/* Rows per task for a kernel on packed x: each task widens its chunk once
- * and reuses it over this many rows, packed ahead by all threads. */
-#define QK_MC_PACKED_X 2048
 #define QK_CHUNK_BYTES (256u * 1024u)  /* packed weight bytes per task */
-/* From this many rows, a kernel on widened panels takes chunks twice as
- * wide (1 MiB widened, still in L2): each MR-row step then reuses its rows
- * of x over twice the columns.  Measured with the AMX kernel, one thread,
- * 4096 x 4096 bf16: 7-18 % faster at M = 512 and 1024, slower below. */
-#define QK_WIDE_CHUNK_MIN_M 512
+/* Kernels on packed x: rows per task, columns per chunk, k per K block. */
+#define QK_MC_PACKED_X 2048
+#define QK_KBLOCK_COLS 256
+#define QK_KBLOCK_K 1024
 /* Multiply-adds below which one more thread costs more (waking it, the
  * barrier; on a loaded machine a scheduler tick) than it saves. */
 #define QK_MIN_MACS_PER_THREAD (1u << 20)
@@ -56,6 +58,7 @@ typedef struct plan {
   const qk_woq_kernel* kern;
   size_t m, n, k, nr, panel_bytes, panels_per_chunk, n_chunks, esize;
   size_t x_group_bytes; /* packed x: bytes per 32-row group; 0: x as is */
+  size_t kblock_k;      /* packed x: k per K block */
   qk_dtype dt;
   const int8_t* packed;
   const float *scale, *bias;
@@ -63,15 +66,20 @@ typedef struct plan {
   int64_t y_stride;
 } plan;
 
+/* Columns of chunk nb: the first (returned) and how many (*nc). */
+static size_t chunk_columns(const plan* p, size_t nb, size_t* nc) {
+  const size_t n0 = nb * p->panels_per_chunk * p->nr, chunk_cols = p->panels_per_chunk * p->nr;
+  *nc = p->n - n0 < chunk_cols ? p->n - n0 : chunk_cols;
+  return n0;
+}
+
 /* Rows m0 .. m_end-1 times chunk nb of the panels.  Row r of x is at
- * x + x_offsets[r], or x + (r - row0) * x_stride without offsets; for packed
- * x, x holds the row block starting at row0 (m0 - row0 a multiple of 32). */
+ * x + x_offsets[r], or x + r * x_stride without offsets. */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
-                     size_t row0, int64_t x_stride, const int64_t* x_offsets, char* wide) {
-  const size_t p0 = nb * p->panels_per_chunk, n0 = p0 * p->nr;
-  const size_t chunk_cols = p->panels_per_chunk * p->nr;
-  const size_t nc = p->n - n0 < chunk_cols ? p->n - n0 : chunk_cols;
-  const int8_t* w = p->packed + p0 * p->panel_bytes;
+                     int64_t x_stride, const int64_t* x_offsets, char* wide) {
+  size_t nc;
+  const size_t n0 = chunk_columns(p, nb, &nc);
+  const int8_t* w = p->packed + n0 / p->nr * p->panel_bytes;
   if (wide) {
     p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
     w = (const int8_t*)wide;
@@ -79,13 +87,41 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
   const void* rows[QK_MAX_MR];
   for (; m0 < m_end; m0 += p->kern->mr) {
     const size_t mr = m_end - m0 < p->kern->mr ? m_end - m0 : p->kern->mr;
-    if (p->x_group_bytes)
-      rows[0] = x + (m0 - row0) / 32 * p->x_group_bytes;
-    else
-      for (size_t i = 0; i < mr; i++)
-        rows[i] = x + (x_offsets ? x_offsets[m0 + i] : (int64_t)(m0 + i - row0) * x_stride);
+    for (size_t i = 0; i < mr; i++)
+      rows[i] = x + (x_offsets ? x_offsets[m0 + i] : (int64_t)(m0 + i) * x_stride);
     p->kern->fn(mr, nc, p->k, rows, p->dt, w, p->scale + n0, p->bias ? p->bias + n0 : NULL,
                 p->y + (int64_t)m0 * p->y_stride + n0 * p->esize, (ptrdiff_t)p->y_stride);
+  }
+}
+
+/* A kernel on packed x: rows m0 .. m_end-1 (packed in x_block from row m0,
+ * a multiple of 32 rows) times chunk nb, K block by K block; acc holds the
+ * thread's f32 sums, roundup(nc, 32) per row. */
+static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end,
+                            const char* x_block, char* wide, float* acc) {
+  size_t nc;
+  const size_t n0 = chunk_columns(p, nb, &nc), panels = ceil_div(nc, p->nr);
+  const size_t ld = panels * p->nr;
+  const int8_t* chunk = p->packed + n0 / p->nr * p->panel_bytes;
+  const size_t x_chunk = packed_x_chunk_size(p->dt);
+  for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += p->kblock_k) {
+    const size_t kc = p->k - k0 < p->kblock_k ? p->k - k0 : p->kblock_k;
+    const int8_t* w = chunk + k0 * p->nr; /* the block's first k-group in the first panel */
+    size_t w_stride = p->panel_bytes;
+    if (wide) {
+      w_stride = qk_woq_widened_panel_size(kc, p->nr, p->kern->kr);
+      for (size_t q = 0; q < panels; q++)
+        p->kern->widen(w + q * p->panel_bytes, 1, kc, wide + q * w_stride);
+      w = (const int8_t*)wide;
+    }
+    const int first = k0 == 0, last = k0 + kc >= p->k;
+    for (size_t r = m0; r < m_end; r += 32) {
+      const size_t mr = m_end - r < 32 ? m_end - r : 32;
+      p->kern->kblock(mr, nc, kc, x_block + (r - m0) / 32 * p->x_group_bytes + k0 / 32 * x_chunk,
+                      p->dt, w, w_stride, acc + (r - m0) * ld, first, last, p->scale + n0,
+                      p->bias ? p->bias + n0 : NULL,
+                      p->y + (int64_t)r * p->y_stride + n0 * p->esize, (ptrdiff_t)p->y_stride);
+    }
   }
 }
 
@@ -94,20 +130,21 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                 const int64_t* x_offsets, const int8_t* packed,
                 const float* scale, const float* bias, char* y,
                 int64_t y_stride, int num_threads) {
+  const int packing_x = kern && kern->pack_x && kern->kblock;
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
-      !(kern->dtypes & (1u << dt)))
+      !(kern->dtypes & (1u << dt)) || !(kern->fn || packing_x) || (packing_x && kern->mr != 32))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
 
   const size_t kr = qk_woq_group_len(k, kern->kr);
-  const int packing_x = kern->pack_x != NULL;
   plan p = {kern, m, n, k, kern->nr, ceil_div(k, kr) * kr * kern->nr, 0, 0,
             dt == QK_F32 ? 4 : 2, packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
-            dt, packed, scale, bias, y, y_stride};
+            QK_KBLOCK_K, dt, packed, scale, bias, y, y_stride};
   const size_t panels = ceil_div(n, p.nr);
-  const size_t chunk_bytes = kern->widen && m >= QK_WIDE_CHUNK_MIN_M ? 2 * QK_CHUNK_BYTES
-                                                                    : QK_CHUNK_BYTES;
-  p.panels_per_chunk = p.panel_bytes ? chunk_bytes / p.panel_bytes : panels;
+  if (packing_x)
+    p.panels_per_chunk = QK_KBLOCK_COLS / p.nr;
+  else
+    p.panels_per_chunk = p.panel_bytes ? QK_CHUNK_BYTES / p.panel_bytes : panels;
   if (p.panels_per_chunk == 0) p.panels_per_chunk = 1;
   p.n_chunks = ceil_div(panels, p.panels_per_chunk);
   const size_t mc = packing_x ? QK_MC_PACKED_X : QK_MC;
@@ -125,34 +162,42 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   if ((double)threads * QK_MIN_MACS_PER_THREAD > macs)
     threads = (int)(macs / QK_MIN_MACS_PER_THREAD) + 1;
 
-  /* Buffers (widened panels per thread, packed x of one row block) are
-   * allocated before any output is written. */
+  /* Buffers (widened panels and f32 sums per thread, packed x of one row
+   * block) are allocated before any output is written. */
   const int widening = kern->widen && k > 0;
+  const size_t wide_k = packing_x && k > QK_KBLOCK_K ? QK_KBLOCK_K : k;
   const size_t wide_stride =
-      widening ? (p.panels_per_chunk * qk_woq_widened_panel_size(k, p.nr, kern->kr) + 63) / 64 * 64
-               : 0;
-  const size_t x_block_bytes = ceil_div(m < mc ? m : mc, 32) * p.x_group_bytes;
+      widening
+          ? (p.panels_per_chunk * qk_woq_widened_panel_size(wide_k, p.nr, kern->kr) + 63) / 64 * 64
+          : 0;
+  const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
+  const size_t x_block_bytes = block_rows / 32 * p.x_group_bytes;
+  const size_t acc_stride = packing_x ? block_rows * p.panels_per_chunk * p.nr * sizeof(float) : 0;
   char* wide_all = widening ? aligned_alloc(64, (size_t)threads * wide_stride) : NULL;
   char* x_block = packing_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
-  if ((widening && !wide_all) || (packing_x && !x_block)) {
+  char* acc_all = packing_x ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
+  if ((widening && !wide_all) || (packing_x && (!x_block || !acc_all))) {
     free(wide_all);
     free(x_block);
+    free(acc_all);
     return QK_ERR_NOMEM;
   }
 
 #pragma omp parallel num_threads(threads)
   {
 #ifdef _OPENMP
-    char* wide = wide_all ? wide_all + (size_t)omp_get_thread_num() * wide_stride : NULL;
+    const size_t thread = (size_t)omp_get_thread_num();
 #else
-    char* wide = wide_all;
+    const size_t thread = 0;
 #endif
+    char* wide = wide_all ? wide_all + thread * wide_stride : NULL;
+    float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
     if (!packing_x) {
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
         const size_t mb = t / p.n_chunks;
         const size_t m_end = (mb + 1) * QK_MC < m ? (mb + 1) * QK_MC : m;
-        run_task(&p, t % p.n_chunks, mb * QK_MC, m_end, x, 0, x_stride, x_offsets, wide);
+        run_task(&p, t % p.n_chunks, mb * QK_MC, m_end, x, x_stride, x_offsets, wide);
       }
     } else {
       /* Row blocks in turn: pack the block's rows, then run its chunks; the
@@ -166,11 +211,12 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                        packed_x_chunk_size(dt));
 #pragma omp for schedule(static)
         for (size_t nb = 0; nb < p.n_chunks; nb++)
-          run_task(&p, nb, m0, m_end, x_block, m0, 0, NULL, wide);
+          run_kblock_task(&p, nb, m0, m_end, x_block, wide, acc);
       }
     }
   }
   free(wide_all);
   free(x_block);
+  free(acc_all);
   return QK_OK;
 }

@@ -30,10 +30,10 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"bf16_gemm_8x32c2__avx512bf16", qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16, QK_ISA_AVX512_BF16, 8, 32, 2, BF16},
 #endif
 #ifdef QKERN_HAVE_AMX
-    {"bf16_gemm_32x32c2__amx", qk_woq_bf16_gemm_ukernel_32x32c2__amx, QK_ISA_AMX, 32, 32, 2, ALL,
-     NULL, qk_woq_pack_x__avx512},
-    {"bf16w_gemm_32x32c2__amx", qk_woq_bf16w_gemm_ukernel_32x32c2__amx, QK_ISA_AMX, 32, 32, 2, ALL,
-     qk_woq_widen_x32c2__avx512, qk_woq_pack_x__avx512},
+    {"bf16_gemm_32x32c2__amx", NULL, QK_ISA_AMX, 32, 32, 2, ALL,
+     NULL, qk_woq_pack_x__avx512, qk_woq_bf16_gemm_kblock_32x32c2__amx},
+    {"bf16w_gemm_32x32c2__amx", NULL, QK_ISA_AMX, 32, 32, 2, ALL,
+     qk_woq_widen_x32c2__avx512, qk_woq_pack_x__avx512, qk_woq_bf16w_gemm_kblock_32x32c2__amx},
 #endif
 };
 
