@@ -68,6 +68,6 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
         status = qk_woq_gemm(kern, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
                              yp, y_stride, num_threads)
     if status == QK_ERR_NOMEM:
-        raise MemoryError(f"qk_woq_gemm({kern.name.decode()}): no memory for widening buffers")
+        raise MemoryError(f"qk_woq_gemm({kern.name.decode()}): no memory for its buffers")
     if status != QK_OK:
         raise RuntimeError(f"qk_woq_gemm({kern.name.decode()}) failed with status {status}")

@@ -192,11 +192,13 @@ def test_split_planes_sum_exactly(kern):
 def test_packed_x_blocks(kern):
     """Kernels on packed x (the AMX kernels): M over one 2048-row block of
     packed x, N over one 256-column chunk, K over several sub-blocks and over
-    several 1024-k blocks; against the reference, bitwise the same on 1 and
-    2 threads, and row for row the same as a call of fewer rows."""
+    1024-k blocks (also both at once, and K = 1024 and 1025); against the
+    reference, bitwise the same on 1 and 2 threads, and row for row the same
+    as a call of fewer rows."""
     rng = np.random.default_rng(11)
     for (m, n, k), dtype in itertools.product(
-            [(2048 + 37, 9 * kern.nr + 3, 19 * 32 + 5), (70, 2 * kern.nr + 5, 2 * 1024 + 37)],
+            [(2048 + 37, 9 * kern.nr + 3, 19 * 32 + 5), (70, 2 * kern.nr + 5, 2 * 1024 + 37),
+             (2048 + 37, 2 * kern.nr + 1, 1024 + 3), (33, 3 * kern.nr, 1024), (5, 7, 1025)],
             DTYPES):
         x, w, s, b = _data(rng, m, n, k, dtype)
         layer = qkern.WoqLinear(w, s, b, kernel=kern.name)

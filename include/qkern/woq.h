@@ -120,8 +120,9 @@ typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* 
  * qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads the same
  * packed bytes, so qk_woq_pack() serves them all.  A kernel with a widen
  * function reads widened panels instead: the driver widens each chunk of
- * packed panels once into a per-thread buffer and reuses it for every row
- * block of its task.  A kernel on packed x has a kblock function and no fn. */
+ * packed panels (for a K-block kernel, each K block of a chunk) once into a
+ * per-thread buffer and reuses it for every row step of its task.  A kernel
+ * on packed x has a kblock function and no fn, and MR = 32, nr = 32, kr = 2. */
 typedef struct qk_woq_kernel {
   const char* name;
   qk_woq_ukernel_fn fn;   /* NULL for a kernel on packed x (kblock instead) */
@@ -155,11 +156,14 @@ void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
 
 /*
  * Runs kernel `kern` over the whole problem with OpenMP threads (returns
- * QK_ERR_NOMEM if a widening buffer cannot be allocated).
+ * QK_ERR_NOMEM if a buffer -- widened panels, packed x, f32 sums -- cannot
+ * be allocated; nothing is written then).
  * Row m of x is at x + (x_offsets ? x_offsets[m] : m * x_stride) bytes.
- * Threads split N (and M for large M); every output element is computed by
- * one kernel call over the whole of K, so the result does not depend on
- * num_threads (<= 0: the OpenMP default).  Returns QK_OK or an error code.
+ * Threads split N (and, except for K-block kernels, M for large M); every
+ * output element is computed by one thread, in one kernel call over the
+ * whole of K (or, for a K-block kernel, its calls over the K blocks in
+ * order), so the result does not depend on num_threads (<= 0: the OpenMP
+ * default).  Returns QK_OK or an error code.
  */
 int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                 qk_dtype dt, const char* x, int64_t x_stride,

@@ -1,8 +1,9 @@
 /*
  * qkern/woq_ukernels.h -- every WoQ micro-kernel, declared once.
- * Name: qk_woq_<compute>_<gemm|gemv>_ukernel_<MR>x<NR>c<KR>__<isa>, defined
- * in src/woq/<compute>-<gemm|gemv>-x<NR>c<KR>-<isa>.c (or -ref.c); compute "bf16w"
- * reads widened panels and lives beside its "bf16" twin.
+ * Name: qk_woq_<compute>_<gemm|gemv>_<ukernel|kblock>_<MR>x<NR>c<KR>__<isa>
+ * ("kblock": a K-block kernel on packed x, qk_woq_kblock_fn), defined in
+ * src/woq/<compute>-<gemm|gemv>-x<NR>c<KR>-<isa>.c (or -ref.c); compute
+ * "bf16w" reads widened panels and lives beside its "bf16" twin.
  */
 #ifndef QKERN_WOQ_UKERNELS_H
 #define QKERN_WOQ_UKERNELS_H

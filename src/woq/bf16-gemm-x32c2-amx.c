@@ -20,8 +20,9 @@
  *                  panel, whose zero padding covers the last chunk; each B
  *                  tile serves both row halves
  *
- * Loops: the block's K in sub-blocks of 16 A tiles (16, 8 or 5 chunks for
- * 1, 2 or 3 planes, 30-32 KiB), each sub-block over every panel, so a
+ * Loops: the block's K in sub-blocks of 16 (chunk, plane) pairs of 2 KiB
+ * (16, 8 or 5 chunks for 1, 2 or 3 planes, 30-32 KiB of packed x), each
+ * sub-block over every panel, so a
  * sub-block of A is read from L1 by every panel after the first; between
  * sub-blocks (and blocks) a panel's C tiles are parked in acc (exact, so the
  * sum is the one a single pass over K would give).

@@ -6,14 +6,15 @@
  * stay in L2); OpenMP spreads tasks over threads.  Within a task the weight
  * chunk is streamed once from memory and reused from L2 by every MR-row step.
  * Each output element is produced by exactly one micro-kernel call over all
- * of K, so the bits of y never depend on the number of threads.  For a
+ * of K (K-block kernels, below: by one thread's calls over the K blocks in
+ * order), so the bits of y never depend on the number of threads.  For a
  * kernel with a widen function, each thread widens its task's chunk once
  * into its own buffer, which every MR-row step then reads from L2.
  *
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
  * each block of up to 2048 rows are packed first (by all threads, a row
  * each) into one shared buffer; a task is then that row block times a chunk
- * of 256 columns, walked in blocks of 1024 k: the chunk's B for one K block
+ * of 256 columns (threads split the chunks, never the rows), walked in blocks of 1024 k: the chunk's B for one K block
  * (widened: 512 KiB) stays in L2 while every 32-row step of the row block
  * adds its products into the thread's f32 sums (one K block at a time, in
  * order, so each output is still one sum over K in a fixed order), and the
@@ -132,7 +133,8 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                 int64_t y_stride, int num_threads) {
   const int packing_x = kern && kern->pack_x && kern->kblock;
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
-      !(kern->dtypes & (1u << dt)) || !(kern->fn || packing_x) || (packing_x && kern->mr != 32))
+      !(kern->dtypes & (1u << dt)) || !(kern->fn || packing_x) ||
+      (packing_x && (kern->mr != 32 || kern->nr != 32 || kern->kr != 2)))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
 
@@ -156,7 +158,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   if (threads <= 0) threads = omp_get_max_threads();
 #endif
   if (threads < 1) threads = 1;
-  const size_t most_parallel = packing_x ? (p.n_chunks > mc ? p.n_chunks : mc) : tasks;
+  const size_t most_parallel = packing_x ? p.n_chunks : tasks;
   if ((size_t)threads > most_parallel) threads = (int)most_parallel;
   const double macs = (double)m * (double)n * (double)(k ? k : 1);
   if ((double)threads * QK_MIN_MACS_PER_THREAD > macs)
