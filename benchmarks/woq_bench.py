@@ -1,7 +1,7 @@
 """The int8 WoQ GEMM benchmark: same as ``python -m qkern bench``.
 
-    python benchmarks/woq_bench.py --threads 1,2 --json docs/_static/bench.json \\
-        --plot docs/_static/bench.png
+    python benchmarks/woq_bench.py --threads 1,2 --json docs/figures/bench-full.json \\
+        --plot docs/figures/bench-full.png
 """
 import sys
 

@@ -235,30 +235,46 @@ def quantize_per_channel(weight: torch.Tensor, dtype: torch.dtype | None = None)
     return q.to(torch.int8), scales
 
 
-# The packed layers of live WoqLinear modules, by the key their forward passes to
-# torch.ops.qkern.woq_linear (a string, so a compiled graph can hold it).
-_LAYERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_KEYS = itertools.count()
+class _LiveRegistry:
+    """What the custom op of a module class needs, by a string key that the
+    module's forward passes to the op (a string, so a compiled graph can hold
+    it); held weakly, so an entry goes with its module."""
+
+    _keys = itertools.count()  # shared: a key is unique in the process
+
+    def __init__(self, op: str, module: str, prefix: str):
+        self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._op, self._module, self._prefix = op, module, prefix
+
+    def new_key(self) -> str:
+        """A key no module of this process has had."""
+        return f"{self._prefix}{next(self._keys)}"
+
+    def __setitem__(self, key: str, entry) -> None:
+        self._entries[key] = entry
+
+    def __getitem__(self, key: str):
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise RuntimeError(f"{self._op}: no live {self._module} with key {key!r} "
+                               "in this process") from None
 
 
-def _layer(key: str) -> qkern.WoqLinear:
-    try:
-        return _LAYERS[key]
-    except KeyError:
-        raise RuntimeError(f"qkern::woq_linear: no live qkern.torch.WoqLinear with key {key!r} "
-                           "in this process") from None
+# The packed layers of live WoqLinear modules.
+_LAYERS = _LiveRegistry("qkern::woq_linear", "qkern.torch.WoqLinear", "woq")
 
 
 @torch.library.custom_op("qkern::woq_linear", mutates_args=())
 def _woq_linear_op(x: torch.Tensor, layer: str) -> torch.Tensor:
-    lin = _layer(layer)
+    lin = _LAYERS[layer]
     _check_x(x, lin.shape[1], _TORCH_DTYPES[lin.dtype])
     return _run_into(lin, x, lin.shape[0])
 
 
 @_woq_linear_op.register_fake
 def _(x, layer):
-    lin = _layer(layer)
+    lin = _LAYERS[layer]
     _check_x(x, lin.shape[1], _TORCH_DTYPES[lin.dtype])
     return x.new_empty(x.shape[:-1] + (lin.shape[0],))
 
@@ -317,7 +333,7 @@ class WoqLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor,
                  bias: torch.Tensor | None = None):
         super().__init__()
-        self._key = f"woq{next(_KEYS)}"
+        self._key = _LAYERS.new_key()
         self._set_layer(weight, scales, bias)
 
     @classmethod
@@ -418,7 +434,7 @@ class WoqLinear(nn.Module):
     def __setstate__(self, state):
         # A copy (copy.deepcopy, pickle) has its own packed layer: give it its own key.
         super().__setstate__(state)
-        self._key = f"woq{next(_KEYS)}"
+        self._key = _LAYERS.new_key()
         _LAYERS[self._key] = self._layer
 
 
@@ -760,26 +776,18 @@ def qconv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     return _conv(*args, quantized=True) if quantized else torch.ops.qkern.qconv2d(*args)
 
 
-# The live QConv2d modules, by the key their forward passes to torch.ops.qkern.qconv2d_layer.
-_CONVS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def _conv_module(key: str) -> QConv2d:
-    try:
-        return _CONVS[key]
-    except KeyError:
-        raise RuntimeError(f"qkern::qconv2d_layer: no live qkern.torch.QConv2d with key {key!r} "
-                           "in this process") from None
+# The live QConv2d modules.
+_CONVS = _LiveRegistry("qkern::qconv2d_layer", "qkern.torch.QConv2d", "qconv")
 
 
 @torch.library.custom_op("qkern::qconv2d_layer", mutates_args=())
 def _qconv2d_layer_op(x: torch.Tensor, layer: str) -> torch.Tensor:
-    return _conv_module(layer)._run(x, quantized=False)
+    return _CONVS[layer]._run(x, quantized=False)
 
 
 @_qconv2d_layer_op.register_fake
 def _(x, layer):
-    return _new_output(x, _conv_shape(x, *_conv_module(layer)._op_args()))
+    return _new_output(x, _conv_shape(x, *_CONVS[layer]._op_args()))
 
 
 class QConv2d(nn.Module):
@@ -862,7 +870,7 @@ groups=1, bias=True, relu=False, act_scale=0.02, out_scale=0.05, per_channel=Tru
         self._register()
 
     def _register(self) -> None:
-        self._key = f"qconv{next(_KEYS)}"
+        self._key = _CONVS.new_key()
         self._cudnn = None              # (stamp, qkern.cudnn.QConv2d), built by the first CUDA call
         _CONVS[self._key] = self
 

@@ -14,11 +14,10 @@ import os
 
 import numpy as np
 
-import qkern.cudnn
+import qkern
 from qconv_reference import conv_accumulator
 
 
-gpu_reason = qkern.cudnn.unavailable_reason
 
 
 def report(record: dict) -> None:

@@ -59,13 +59,15 @@ reads_rss = pytest.mark.skipif(
                            "quarantine of freed blocks, not qkern")
 
 
+_MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+
+
 def _settle() -> None:
     """Collect garbage and hand glibc's free heap memory back to the OS, so
     that what is resident afterwards is what is live."""
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
-        ctypes.CDLL(libc).malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def rss() -> int:

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import qkern
-from gpu_support import compare, gpu_reason, report
+import qkern.cudnn
+from gpu_support import compare, report
 from qconv_reference import qconv2d_reference
 
 pytestmark = pytest.mark.gpu
 
-REASON = gpu_reason()
+REASON = qkern.cudnn.unavailable_reason()
 if REASON is not None:
     pytest.skip(f"no GPU path here: {REASON}", allow_module_level=True)
 

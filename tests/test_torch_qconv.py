@@ -91,9 +91,9 @@ def test_matches_qkern_on_the_numpy_views(n, h, w, cg, og, groups, k, stride, di
     np.testing.assert_array_equal(_nhwc_np(y), expect)
 
 
-def test_zero_copy_both_memory_formats_and_nhwc_tensors(monkeypatch):
-    """qkern reads x and w where they are and writes the tensor returned, in any memory format."""
-    x, wt, ws, b = _problem(1)
+def _spy_on_qconv2d(monkeypatch) -> list:
+    """Make qkern.qconv2d a pass-through that records (x, w, out) addresses
+    of each call; returns that record."""
     seen = []
     real = qkern.qconv2d
 
@@ -102,8 +102,15 @@ def test_zero_copy_both_memory_formats_and_nhwc_tensors(monkeypatch):
         return real(x_np, w_np, bias, **kw)
 
     monkeypatch.setattr(qkern, "qconv2d", spy)
+    return seen
+
+
+def test_zero_copy_both_memory_formats_and_nhwc_tensors(monkeypatch):
+    """qkern reads x and w where they are and writes the tensor returned, in any memory format."""
+    x, wt, ws, b = _problem(1)
     kw = dict(act_scale=0.05, weight_scale=_t(ws), out_scale=0.3, padding=1)
-    expect = real(x, wt, b, **dict(kw, weight_scale=ws))
+    expect = qkern.qconv2d(x, wt, b, **dict(kw, weight_scale=ws))
+    seen = _spy_on_qconv2d(monkeypatch)
     x_nhwc = torch.from_numpy(x.copy())              # an NHWC tensor: passed as its NCHW view
     cases = {"channels_last": (_nchw(x), _nchw(wt)),
              "contiguous": (_nchw(x).contiguous(), _nchw(wt).contiguous()),
@@ -150,14 +157,7 @@ def test_quantized_tensors_in_and_out_zero_copy(per_channel, monkeypatch):
     expect = qkern.qconv2d(x, wt, b, **kw)
     xq = _qint8(_nchw(x), 0.05)
     wq = _qint8_per_channel(_nchw(wt), ws) if per_channel else _qint8(_nchw(wt), ws)
-    seen = []
-    real = qkern.qconv2d
-
-    def spy(x_np, w_np, bias, **kw):
-        seen.append((x_np.ctypes.data, w_np.ctypes.data, kw["out"].ctypes.data))
-        return real(x_np, w_np, bias, **kw)
-
-    monkeypatch.setattr(qkern, "qconv2d", spy)
+    seen = _spy_on_qconv2d(monkeypatch)
     yq = qt.qconv2d(xq, wq, _t(b), out_scale=0.25, padding=1, relu=True)
     assert seen == [(xq.data_ptr(), wq.data_ptr(), yq.data_ptr())]
     assert yq.dtype == torch.qint8 and yq.qscheme() == torch.per_tensor_affine

@@ -12,8 +12,8 @@ on a GPU). The tolerance against the reference is gpu_support.compare's.
 import numpy as np
 import pytest
 
-import qkern
-from gpu_support import compare, gpu_reason, report
+import qkern.cudnn
+from gpu_support import compare, report
 from qconv_reference import qconv2d_reference, tie_window
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip insta
 if not torch.cuda.is_available():
     pytest.skip(f"no GPU path here: PyTorch {torch.__version__} sees no CUDA device",
                 allow_module_level=True)
-REASON = gpu_reason()
+REASON = qkern.cudnn.unavailable_reason()
 if REASON is not None:
     pytest.skip(f"no GPU path here: {REASON}", allow_module_level=True)
 

@@ -14,8 +14,9 @@
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
  * each block of up to 2048 rows are packed first (by all threads, a row
  * each) into one shared buffer; a task is then that row block times a chunk
- * of 256 columns (threads split the chunks, never the rows), walked in blocks of 1024 k: the chunk's B for one K block
- * (widened: 512 KiB) stays in L2 while every 32-row step of the row block
+ * of 256 columns (threads split the chunks, never the rows), walked in
+ * blocks of 1024 k: the chunk's B for one K block (widened: 512 KiB) stays
+ * in L2 while every 32-row step of the row block
  * adds its products into the thread's f32 sums (one K block at a time, in
  * order, so each output is still one sum over K in a fixed order), and the
  * last K block writes y.
@@ -59,7 +60,6 @@ typedef struct plan {
   const qk_woq_kernel* kern;
   size_t m, n, k, nr, panel_bytes, panels_per_chunk, n_chunks, esize;
   size_t x_group_bytes; /* packed x: bytes per 32-row group; 0: x as is */
-  size_t kblock_k;      /* packed x: k per K block */
   qk_dtype dt;
   const int8_t* packed;
   const float *scale, *bias;
@@ -105,8 +105,8 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end,
   const size_t ld = panels * p->nr;
   const int8_t* chunk = p->packed + n0 / p->nr * p->panel_bytes;
   const size_t x_chunk = packed_x_chunk_size(p->dt);
-  for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += p->kblock_k) {
-    const size_t kc = p->k - k0 < p->kblock_k ? p->k - k0 : p->kblock_k;
+  for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += QK_KBLOCK_K) {
+    const size_t kc = p->k - k0 < QK_KBLOCK_K ? p->k - k0 : QK_KBLOCK_K;
     const int8_t* w = chunk + k0 * p->nr; /* the block's first k-group in the first panel */
     size_t w_stride = p->panel_bytes;
     if (wide) {
@@ -141,7 +141,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   const size_t kr = qk_woq_group_len(k, kern->kr);
   plan p = {kern, m, n, k, kern->nr, ceil_div(k, kr) * kr * kern->nr, 0, 0,
             dt == QK_F32 ? 4 : 2, packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
-            QK_KBLOCK_K, dt, packed, scale, bias, y, y_stride};
+            dt, packed, scale, bias, y, y_stride};
   const size_t panels = ceil_div(n, p.nr);
   if (packing_x)
     p.panels_per_chunk = QK_KBLOCK_COLS / p.nr;
