@@ -1,7 +1,9 @@
-"""The roofline probes and the benchmark's command line."""
+"""The roofline probes, the benchmark's command line and scripts."""
 
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +110,17 @@ def test_cli_info_lists_every_kernel():
     assert r.returncode == 0, r.stderr
     for k in qkern.kernels():
         assert k.name in r.stdout
+
+
+def test_minof_script_times_each_row_and_thread_count(capsys):
+    """benchmarks/woq_minof.py: one row per (shape, dtype, M, thread count)."""
+    spec = importlib.util.spec_from_file_location(
+        "woq_minof", Path(__file__).resolve().parent.parent / "benchmarks" / "woq_minof.py")
+    minof = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(minof)
+    minof.main(["64:96:1,33", "--threads", "1,2", "--dtypes", "bfloat16,float32",
+                "--reps", "2", "--copies", "2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[2], r[3], r[5]) for r in rows] == [
+        (m, d, t) for d in ("bfloat16", "float32") for m in ("1", "33") for t in ("1", "2")]
+    assert all(0 < float(r[6]) <= float(r[7]) for r in rows)
