@@ -279,11 +279,9 @@ def _roofline_seconds(roof, kern, dtype: str, m: int, n: int, k: int, threads: i
     flops / the peak of its instruction), flops counting each bf16 plane of a
     split float16/float32 activation."""
     instruction = _PEAK_FOR_ISA[kern.isa]
-    if kern.name.startswith("bf16") and kern.isa == "avx512_bf16":
-        instruction = "vdpbf16ps zmm"
     flops = 2.0 * m * n * k * kern.planes(dtype)
-    return max(n * k / (roof.best_bandwidth(threads) * 1e9),
-               flops / (roof.best_peak(instruction, threads) * 1e9))
+    return max(n * k / (roof.median_bandwidth(threads) * 1e9),
+               flops / (roof.median_peak(instruction, threads) * 1e9))
 
 
 class _Problem:

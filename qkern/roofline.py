@@ -107,11 +107,11 @@ class Roofline:
     bandwidth: dict = field(default_factory=dict)
     peaks: dict = field(default_factory=dict)
 
-    def best_bandwidth(self, threads: int) -> float:
+    def median_bandwidth(self, threads: int) -> float:
         """Median GB/s with ``threads`` threads."""
         return float(np.median(self.bandwidth[threads]))
 
-    def best_peak(self, instruction: str, threads: int) -> float:
+    def median_peak(self, instruction: str, threads: int) -> float:
         """Median GFLOP/s of ``instruction`` with ``threads`` threads."""
         return float(np.median(self.peaks[instruction][threads]))
 
