@@ -69,6 +69,7 @@ ISA_LIBRARIES = [
 
 BASE_SOURCES = [
     "src/cpu/cpu_detect.c",
+    "src/cpu/threads.c",
     "src/woq/woq_pack.c",
     "src/woq/woq_driver.c",
     "src/woq/woq_registry.c",

@@ -20,6 +20,15 @@ cdef extern from "qkern/cpu.h":
     void qk_cpu_detect(qk_cpu_features* out) nogil
 
 
+cdef extern from "qkern/threads.h":
+    enum:
+        QK_THREADS_FORKED
+        QK_THREADS_OS_REFUSED
+
+    int qk_threads_for_call(int requested) nogil
+    int qk_threads_take_notice() nogil
+
+
 cdef extern from "qkern/woq.h":
     ctypedef enum qk_dtype:
         QK_F32

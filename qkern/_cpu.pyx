@@ -1,5 +1,6 @@
-"""CPU feature detection (thin wrapper over src/cpu/cpu_detect.c)."""
-from qkern._clib cimport qk_cpu_detect, qk_cpu_features
+"""CPU feature detection and thread limits (thin wrappers over src/cpu/)."""
+from qkern._clib cimport (QK_THREADS_FORKED, QK_THREADS_OS_REFUSED, qk_cpu_detect, qk_cpu_features,
+                          qk_threads_for_call, qk_threads_take_notice)
 
 
 def detect():
@@ -26,3 +27,21 @@ def detect():
         "amx_bf16": bool(f.amx_bf16),
         "amx_int8": bool(f.amx_int8),
     }
+
+
+def threads_for_call(int requested):
+    """Threads a call asking for ``requested`` (<= 0: the OpenMP default) may
+    start: capped at the processors, 1 in a forked child, no more than the OS
+    can start (include/qkern/threads.h)."""
+    cdef int threads
+    with nogil:
+        threads = qk_threads_for_call(requested)
+    return threads
+
+
+def take_thread_notice():
+    """Notices left by the thread limits since the last call, each once per
+    process: a set of ``"forked"`` and ``"os_refused"``."""
+    cdef int bits = qk_threads_take_notice()
+    return {name for name, bit in (("forked", QK_THREADS_FORKED),
+                                   ("os_refused", QK_THREADS_OS_REFUSED)) if bits & bit}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qkern import _roofline
+from qkern import _cpu, _roofline
 from qkern.dispatch import ISA_CAP, ISA_LEVELS
 
 __all__ = ["Roofline", "last_level_cache_bytes", "read_bandwidth", "peak_gflops", "measure"]
@@ -56,6 +56,15 @@ def _aligned_buffer(nbytes: int) -> np.ndarray:
     return buf
 
 
+def _check_threads(threads: int) -> None:
+    """A measurement on ``threads`` threads must run on that many: refuse
+    more than the processors, a forked child's threads, or threads the OS
+    cannot start (``qk_threads_for_call``, docs: "Threads")."""
+    if threads < 1 or _cpu.threads_for_call(threads) < threads:
+        raise ValueError(f"threads={threads}: this process can run "
+                         f"{_cpu.threads_for_call(threads)} thread(s) here")
+
+
 def read_bandwidth(threads: int, nbytes: int | None = None, reps: int = 5) -> list:
     """DRAM read bandwidth with ``threads`` threads, in GB/s, one figure per repetition.
 
@@ -73,6 +82,7 @@ def read_bandwidth(threads: int, nbytes: int | None = None, reps: int = 5) -> li
     -------
     list of float
     """
+    _check_threads(threads)
     nbytes = nbytes or max(4 * last_level_cache_bytes(), 1 << 30)
     nbytes -= nbytes % 64
     buf = _aligned_buffer(nbytes)
@@ -91,6 +101,7 @@ def peak_gflops(index: int, threads: int, seconds: float = 0.1, reps: int = 3) -
 
     The iteration count is grown until one run lasts ``seconds``.
     """
+    _check_threads(threads)
     flops = _roofline.peak_loops()[index][2]
     iters = 1 << 12
     while _roofline.peak_run(index, iters, threads) < seconds / 4:

@@ -6,9 +6,11 @@ accumulation and a single rounding to the dtype of ``x`` (docs/semantics.rst).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from qkern import _woq
+from qkern import _cpu, _woq
 from qkern._dtypes import dtype_code, dtype_name
 from qkern.dispatch import Kernel, choose_kernel, choose_layout, get_kernel
 
@@ -98,6 +100,19 @@ def _x_rows(x: np.ndarray):
     return x, 0, offsets.ravel()
 
 
+_THREAD_NOTICES = {
+    "forked": "qkern: this process was forked after qkern ran OpenMP threads, whose pool "
+              "does not survive fork; calls here run on one thread (docs/reliability.rst)",
+    "os_refused": "qkern: the OS could not start all the threads a call asked for; it ran on "
+                  "those that started (docs/reliability.rst)",
+}
+
+
+def _warn_thread_notices():
+    for notice in sorted(_cpu.take_thread_notice()):
+        warnings.warn(_THREAD_NOTICES[notice], RuntimeWarning, stacklevel=4)
+
+
 def _check_out(out, shape: tuple, dtype, inputs: tuple):
     out = _check_array("out", out)
     if out.shape != shape:
@@ -158,7 +173,7 @@ def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
     if x.shape[-1] != k:
         raise ValueError(f"x: expected last dimension K={k} (from w), got shape {x.shape}")
     code = dtype_code(x.dtype)
-    threads = _check_threads(num_threads)
+    threads = _cpu.threads_for_call(_check_threads(num_threads))
     shape = x.shape[:-1] + (n,)
     if out is None:
         y, y_stride = np.empty(shape, dtype=x.dtype), n * x.itemsize
@@ -170,6 +185,7 @@ def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
     xr, x_stride, offsets = _x_rows(x)
     _woq.gemm(kern.index, xr, m, n, k, code, x_stride, offsets, w_packed, scale_f32,
               bias_f32, y, y_stride, threads)
+    _warn_thread_notices()
     return y
 
 
@@ -197,7 +213,9 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
         last axis, not overlapping any input.
     num_threads : int, optional
         OpenMP threads; default: the OpenMP setting (``threadpoolctl`` limits
-        apply). Results are bitwise identical for every value.
+        apply). Capped at the processors this process may run on, and at
+        one in a child forked after qkern ran threads (docs: "Threads").
+        Results are bitwise identical for every value.
 
     Returns
     -------

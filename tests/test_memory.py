@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 
 import qkern
+from process_support import asan_loaded
 from reference import BF16, woq_reference
 
 CALLS = 10_000
@@ -49,13 +50,8 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
                                 reason="needs Linux /proc/self/statm")
 
 
-def _asan_loaded() -> bool:
-    with open("/proc/self/maps") as f:
-        return "libasan" in f.read()
-
-
 reads_rss = pytest.mark.skipif(
-    _asan_loaded(), reason="under AddressSanitizer the resident size measures its "
+    asan_loaded(), reason="under AddressSanitizer the resident size measures its "
                            "quarantine of freed blocks, not qkern")
 
 

@@ -1,6 +1,7 @@
 """The roofline probes, the benchmark's command line and scripts."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,19 @@ def test_peak_rates_are_positive_and_finite():
 
 
 def test_read_bandwidth_small_buffer():
-    rates = roofline.read_bandwidth(threads=2, nbytes=8 << 20, reps=2)
+    threads = min(2, len(os.sched_getaffinity(0)))
+    rates = roofline.read_bandwidth(threads=threads, nbytes=8 << 20, reps=2)
     assert len(rates) == 2 and all(np.isfinite(r) and r > 0 for r in rates)
+
+
+def test_measurements_refuse_threads_that_cannot_run():
+    """A figure for n threads must come from n threads: more than the
+    processors is refused, not silently capped."""
+    too_many = len(os.sched_getaffinity(0)) + 1
+    with pytest.raises(ValueError, match=f"threads={too_many}"):
+        roofline.read_bandwidth(threads=too_many, nbytes=1 << 20, reps=1)
+    with pytest.raises(ValueError, match="threads=0"):
+        roofline.peak_gflops(0, threads=0)
 
 
 def test_read_run_rejects_misaligned_buffers():

@@ -291,6 +291,33 @@ def _mlp(seed, bias=True):
                                torch.nn.Linear(80, 48, bias=bias))
 
 
+def test_torch_flush_denormal_changes_no_bit():
+    """The issue's case: after torch.set_flush_denormal(True) in the calling
+    thread, one and two threads gave different bits for subnormal
+    activations (the caller's columns flushed, the OpenMP worker's not).
+    Every thread now runs under IEEE 754 defaults (more in test_fpenv.py)."""
+    w = np.ones((2048, 2048), np.int8)
+    s = np.ones(2048, np.float32)
+    layer = qkern.WoqLinear(w, s)
+    x = np.full((1, 2048), 1e-42, np.float32)
+    want = layer(x, num_threads=2).view(np.uint32)  # starts the OpenMP worker too
+    assert (want != 0).all()  # 2048 * 1e-42, kept by gradual underflow
+    if not torch.set_flush_denormal(True):
+        pytest.skip("torch cannot set flush-to-zero on this CPU")
+    threads = torch.get_num_threads()
+    try:
+        assert (torch.tensor([1e-42]) * 1 == 0).all()  # torch's flush is on
+        got = [layer(x, num_threads=t).view(np.uint32) for t in (1, 2)]
+        torch.set_num_threads(2)
+        got.append(to_numpy(qt.weight_int8pack_mm(torch.from_numpy(x), torch.from_numpy(w),
+                                                  torch.from_numpy(s))).view(np.uint32))
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+    for bits in got:
+        assert np.array_equal(bits, want)
+
+
 def test_state_dict_round_trip():
     model = qt.swap_linears(_mlp(0), dtype=torch.bfloat16)
     x = torch.randn(5, 64).to(torch.bfloat16)

@@ -163,7 +163,9 @@ void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
  * output element is computed by one thread, in one kernel call over the
  * whole of K (or, for a K-block kernel, its calls over the K blocks in
  * order), so the result does not depend on num_threads (<= 0: the OpenMP
- * default).  Returns QK_OK or an error code.
+ * default; a count from a user should come through qk_threads_for_call(),
+ * qkern/threads.h, first).  Each thread runs under the floating-point
+ * environment of qkern/fpenv.h.  Returns QK_OK or an error code.
  */
 int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                 qk_dtype dt, const char* x, int64_t x_stride,

@@ -20,6 +20,9 @@
  * adds its products into the thread's f32 sums (one K block at a time, in
  * order, so each output is still one sum over K in a fixed order), and the
  * last K block writes y.
+ *
+ * Every thread runs its share under the floating-point environment of
+ * qkern/fpenv.h, whatever its caller set.
  */
 #include <stdlib.h>
 
@@ -27,6 +30,7 @@
 #include <omp.h>
 #endif
 
+#include "qkern/fpenv.h"
 #include "qkern/woq.h"
 
 #define QK_MAX_MR 32
@@ -192,6 +196,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
 #else
     const size_t thread = 0;
 #endif
+    const qk_fpenv caller_env = qk_fpenv_enter();
     char* wide = wide_all ? wide_all + thread * wide_stride : NULL;
     float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
     if (!packing_x) {
@@ -216,6 +221,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
           run_kblock_task(&p, nb, m0, m_end, x_block, wide, acc);
       }
     }
+    qk_fpenv_leave(caller_env);
   }
   free(wide_all);
   free(x_block);
