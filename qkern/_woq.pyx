@@ -40,28 +40,41 @@ def pack(const int8_t[:, ::1] w, uint32_t nr, uint32_t kr, int8_t[::1] out):
             qk_woq_pack(src, k, n, k, nr, kr, dst)
 
 
+cdef _check_holds(str name, size_t got, size_t needed):
+    if got < needed:
+        raise ValueError(f"{name}: holds {got} values, the problem needs {needed}")
+
+
 def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
-         int64_t x_stride, cnp.ndarray x_offsets, cnp.ndarray packed,
-         const float[::1] scale, cnp.ndarray bias, cnp.ndarray y, int64_t y_stride,
+         int64_t x_stride, const int64_t[::1] x_offsets, const int8_t[::1] packed,
+         const float[::1] scale, const float[::1] bias, cnp.ndarray y, int64_t y_stride,
          int num_threads):
     """Run registry kernel ``index`` over the whole problem.
 
     ``x`` and ``y`` point at element (0, 0); row m of x is at byte offset
-    ``x_offsets[m]`` (int64 array) or ``m * x_stride`` (``x_offsets`` None);
-    row m of y at ``m * y_stride``.  ``bias`` is a float32 array or None.
+    ``x_offsets[m]`` (or ``m * x_stride`` when ``x_offsets`` is None); row m
+    of y at ``m * y_stride``.  ``bias`` may be None.  What the kernel reads
+    whole is checked against (m, n, k), ValueError if short: ``packed``
+    (1-D, as packed by :func:`pack`), ``scale`` and ``bias`` (padded to whole
+    panels), ``x_offsets``; ``x`` and ``y`` are not.
     """
     if index >= qk_woq_num_kernels:
         raise IndexError("no such kernel")
     cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
-    cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
-    cdef const int64_t* offs = NULL
-    if x_offsets is not None:
-        offs = <const int64_t*>cnp.PyArray_DATA(x_offsets)
+    cdef size_t n_padded = (n + kern.nr - 1) // kern.nr * kern.nr
+    _check_holds("packed weight", packed.shape[0], qk_woq_packed_size(n, k, kern.nr, kern.kr))
+    _check_holds("scale", scale.shape[0], n_padded)
     cdef const float* bp = NULL
     if bias is not None:
-        bp = <const float*>cnp.PyArray_DATA(bias)
+        _check_holds("bias", bias.shape[0], n_padded)
+        bp = &bias[0]
+    cdef const int64_t* offs = NULL
+    if x_offsets is not None:
+        _check_holds("x_offsets", x_offsets.shape[0], m)
+        offs = &x_offsets[0]
+    cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
     cdef const float* sp = &scale[0]
-    cdef const int8_t* wp = <const int8_t*>cnp.PyArray_DATA(packed)
+    cdef const int8_t* wp = &packed[0]
     cdef char* yp = <char*>cnp.PyArray_DATA(y)
     cdef int status
     with nogil:

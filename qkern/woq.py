@@ -12,7 +12,7 @@ import numpy as np
 
 from qkern import _cpu, _woq
 from qkern._dtypes import dtype_code, dtype_name
-from qkern.dispatch import Kernel, choose_kernel, choose_layout, get_kernel
+from qkern.dispatch import REGISTRY, Kernel, choose_kernel, choose_layout, get_kernel
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
 
@@ -246,7 +246,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
         bias = _check_vector("bias", bias, n, x.dtype)
     m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
     kern = choose_kernel(x.dtype, m, unpacked_ok=True)
-    w_packed = w if kern.kr == 0 and kern.nr == 1 else _pack(w, kern.layout)
+    w_packed = w.reshape(-1) if kern.layout == (1, 0) else _pack(w, kern.layout)
     return _run(kern, x, w_packed, n, k, _padded_f32(scales, kern.nr),
                 _padded_f32(bias, kern.nr), out, num_threads,
                 (("w", w), ("scales", scales), ("bias", bias)))
@@ -339,20 +339,25 @@ class WoqLinear:
         return _run(self.kernel_for(m), x, self._packed, n, k, self._scale_f32, self._bias_f32,
                     out, num_threads, ())
 
-    def __reduce__(self):
-        kernel = self._forced.name if self._forced else None
-        return (_rebuild, (self.weight(), self._scales, self._bias, kernel))
+    def __getstate__(self) -> dict:
+        """The layer as pickled: the unpacked weight, scales, bias, forced kernel."""
+        return {"weight": self.weight(), "scales": self._scales, "bias": self._bias,
+                "kernel": self._forced.name if self._forced else None}
+
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild the layer from :meth:`__getstate__`'s dict, checked as the
+        constructor checks its arguments, and packed anew for this machine's
+        kernels (a forced kernel this machine cannot run gives way to the
+        automatic choice). Nothing from the state reaches a kernel unchecked."""
+        if not isinstance(state, dict) or set(state) != {"weight", "scales", "bias", "kernel"}:
+            raise TypeError("WoqLinear state: expected a dict with the keys weight, scales, "
+                            f"bias and kernel, got {state!r:.200}")
+        kernel = state["kernel"]
+        if not any(k.name == kernel and k.available for k in REGISTRY):
+            kernel = None
+        self.__init__(state["weight"], state["scales"], state["bias"], kernel=kernel)
 
     def __repr__(self) -> str:
         n, k = self.shape
         return (f"WoqLinear(N={n}, K={k}, dtype={dtype_name(self.dtype)}, "
                 f"bias={self._bias is not None}, layout=nr{self.layout[0]}c{self.layout[1]})")
-
-
-def _rebuild(w, scales, bias, kernel):
-    # A pickled layer is repacked for the loading machine's kernels; a forced
-    # kernel this machine cannot run falls back to the automatic choice.
-    try:
-        return WoqLinear(w, scales, bias, kernel=kernel)
-    except ValueError:
-        return WoqLinear(w, scales, bias)

@@ -2,6 +2,7 @@
 errors, NaN/Inf, determinism and thread safety.  Kernel choice is automatic
 here (so the per-ISA CI runs exercise every ISA's automatic path)."""
 
+import copyreg
 import pickle
 import threading
 
@@ -12,6 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import qkern
+from process_support import run_python
 from reference import BF16, DTYPES, assert_woq_close, woq_reference
 
 DTYPE_IDS = [d.name for d in DTYPES]
@@ -191,6 +193,74 @@ def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
     assert float(layer(np.ones(64, np.float32))[0]) == 64.0
     arrays = [v for v in vars(layer).values() if isinstance(v, np.ndarray) and v.dtype == np.int8]
     assert len(arrays) == 1
+
+
+def _state(layer) -> dict:
+    return dict(layer.__getstate__())
+
+
+@pytest.mark.parametrize("fault, exc", [
+    (lambda st: st.update(weight=st["weight"][:, :-1]), ValueError),      # K differs from...
+    (lambda st: st.update(scales=st["scales"][:-1]), ValueError),          # ...N of scales
+    (lambda st: st.update(bias=np.ones(3, np.float32)), ValueError),
+    (lambda st: st.update(weight=st["weight"].astype(np.int16)), TypeError),
+    (lambda st: st.update(weight=np.asfortranarray(st["weight"])), ValueError),
+    (lambda st: st.update(scales=st["scales"].astype(np.float64)), TypeError),
+    (lambda st: st.update(weight=b"\x00" * 4096), TypeError),
+    (lambda st: st.pop("scales"), TypeError),
+    (lambda st: st.update(packed=np.zeros(8, np.int8)), TypeError),
+])
+def test_crafted_state_is_refused(fault, exc):
+    """Regression: a layer rebuilt with object.__new__ and a state whose
+    shape, weight or vectors did not agree read out of bounds on its first
+    call.  Every part of a state is checked as the constructor's arguments
+    are, before anything is packed."""
+    layer = qkern.WoqLinear(np.ones((40, 24), np.int8), np.ones(40, np.float32),
+                            np.zeros(40, np.float32))
+    state = _state(layer)
+    fault(state)
+    crafted = object.__new__(qkern.WoqLinear)
+    with pytest.raises(exc):
+        crafted.__setstate__(state)
+    good = object.__new__(qkern.WoqLinear)
+    good.__setstate__(_state(layer))
+    x = np.ones((2, 24), np.float32)
+    assert good(x).tobytes() == layer(x).tobytes()
+
+
+def test_crafted_pickle_is_refused():
+    """The same through pickle: its BUILD step calls __setstate__."""
+    class Forged:  # pickles as a WoqLinear with a state whose N disagrees
+        def __reduce__(self):
+            return (copyreg._reconstructor, (qkern.WoqLinear, object, None),
+                    {"weight": np.ones((64, 8), np.int8), "scales": np.ones(4, np.float32),
+                     "bias": None, "kernel": None})
+
+    with pytest.raises(ValueError, match="scales"):
+        pickle.loads(pickle.dumps(Forged()))
+
+
+def test_tampered_layer_attributes_refused_before_c():
+    """Attributes changed behind the layer's back (shape, packed weight,
+    padded scales) are caught where the C driver would read them: a
+    ValueError, never a crash (in a process of its own, in case)."""
+    proc = run_python("""
+        import numpy as np, qkern
+        layer = qkern.WoqLinear(np.ones((64, 256), np.int8), np.ones(64, np.float32))
+        x = np.ones((3, 256), np.float32)
+        for name, value in [("shape", (4096, 256)), ("_packed", layer._packed[:100]),
+                            ("_scale_f32", layer._scale_f32[:8])]:
+            tampered = object.__new__(qkern.WoqLinear)
+            tampered.__dict__.update(vars(layer), **{name: value})
+            try:
+                tampered(np.ones((3, tampered.shape[1]), np.float32))
+            except ValueError as e:
+                print(name, "refused:", e)
+            else:
+                raise SystemExit(f"tampered {name} was not refused")
+        """)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout.count("refused") == 3, proc.stdout
 
 
 THREADS = 8
