@@ -77,27 +77,52 @@ def _row_stride(shape: tuple, strides: tuple):
 
 
 def _x_rows(x: np.ndarray):
-    """(array, row stride or 0, row offsets or None) addressing the rows of x.
-
-    Only an x whose last axis is not unit-stride is copied, and only its
-    distinct rows: axes of stride 0 (broadcast) stay broadcast, so the copy
-    never outgrows the memory x itself spans.  Rows spread over leading axes
-    that do not collapse to one stride are addressed through an int64 offset
-    table instead.
-    """
-    if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-        distinct = tuple(slice(0, 1) if s == 0 else slice(None) for s in x.strides[:-1])
-        x = np.broadcast_to(np.ascontiguousarray(x[distinct]), x.shape)
+    """(row stride or 0, row offsets or None) addressing the rows of x in place."""
     lead_shape, lead_strides = x.shape[:-1], x.strides[:-1]
     stride = _row_stride(lead_shape, lead_strides)
     if stride is not None:
-        return x, stride, None
+        return stride, None
     offsets = np.zeros(lead_shape, dtype=np.int64)
     for axis, (n, s) in enumerate(zip(lead_shape, lead_strides)):
         shape = [1] * len(lead_shape)
         shape[axis] = n
         offsets += (np.arange(n, dtype=np.int64) * s).reshape(shape)
-    return x, 0, offsets.ravel()
+    return 0, offsets.ravel()
+
+
+# A copy of x is made in blocks of rows of at most this many bytes, or of the
+# bytes x spans where that is more (docs/semantics.rst, "Strides and copies").
+_COPY_BLOCK_BYTES = 4 << 20
+
+
+def _span_bytes(x: np.ndarray) -> int:
+    """Bytes from the lowest to the highest address of x's elements."""
+    return x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+
+
+def _x_copies(x: np.ndarray):
+    """x itself when its rows can be read in place; otherwise a copy of it.
+
+    Yields ``(first row, array)`` pairs covering x's rows in order.  x is
+    copied only when its last axis is not unit-stride: whole, if its distinct
+    rows (axes of stride 0 stay broadcast) fit in the block size; else in
+    blocks of rows, so that no copy outgrows the larger of the block size
+    and the memory x spans.
+    """
+    if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize:
+        yield 0, x
+        return
+    distinct = x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.strides[:-1])]
+    budget = max(_COPY_BLOCK_BYTES, _span_bytes(x))
+    if distinct.size * x.itemsize <= budget:
+        yield 0, np.broadcast_to(np.ascontiguousarray(distinct), x.shape)
+        return
+    lead_shape = x.shape[:-1]
+    m = int(np.prod(lead_shape, dtype=np.int64))
+    rows = max(1, budget // (x.shape[-1] * x.itemsize))
+    for r0 in range(0, m, rows):
+        index = np.unravel_index(np.arange(r0, min(r0 + rows, m)), lead_shape)
+        yield r0, np.ascontiguousarray(x[index])
 
 
 _THREAD_NOTICES = {
@@ -182,9 +207,13 @@ def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
     m = int(np.prod(x.shape[:-1], dtype=np.int64))
     if m == 0 or n == 0:
         return y
-    xr, x_stride, offsets = _x_rows(x)
-    _woq.gemm(kern.index, xr, m, n, k, code, x_stride, offsets, w_packed, scale_f32,
-              bias_f32, y, y_stride, threads)
+    y_rows = np.lib.stride_tricks.as_strided(y, (m, n), (y_stride, y.itemsize))
+    for r0, xs in _x_copies(x):
+        x_stride, offsets = _x_rows(xs)
+        rows = int(np.prod(xs.shape[:-1], dtype=np.int64))
+        _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, w_packed, scale_f32,
+                  bias_f32, y_rows[r0:], y_stride, threads)
+        del xs  # a block copy is freed before the next is made
     _warn_thread_notices()
     return y
 

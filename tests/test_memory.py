@@ -181,3 +181,23 @@ def test_broadcast_x_with_strided_last_axis_copies_distinct_rows_only():
     all_rows = _peak_traced(lambda: qkern.weight_int8pack_mm(x, w, s, out=y))
     assert all_rows < one_row + (1 << 20), (all_rows, one_row)
     assert (y == woq_reference(row[None], w, s).astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("batch", [None, 2], ids=["rows", "broadcast_batch"])
+def test_copy_of_overlapping_rows_made_in_bounded_blocks(batch):
+    """Regression: x with overlapping rows (a sliding window) and a stepped
+    last axis was copied to a full M x K array: 126 MiB here, for an x that
+    spans 256 KiB.  The copy is now made in blocks of rows of at most
+    max(4 MiB, the bytes x spans), each run before the next is made; a
+    leading broadcast axis (here two equal batches) changes nothing."""
+    base = np.random.default_rng(3).standard_normal(2**16).astype(np.float32)
+    x = np.lib.stride_tricks.sliding_window_view(base, 1024)[:, ::2]  # (64513, 512)
+    if batch:
+        x = np.broadcast_to(x, (batch,) + x.shape)
+    w = np.random.default_rng(4).integers(-128, 128, (2, 512), dtype=np.int8)
+    s = np.ones(2, np.float32)
+    y = np.empty(x.shape[:-1] + (2,), np.float32)
+    peak = _peak_traced(lambda: qkern.weight_int8pack_mm(x, w, s, out=y))
+    assert peak < (4 << 20) + (1 << 20), peak  # one block, and its row indices
+    want = qkern.weight_int8pack_mm(np.ascontiguousarray(x[(0,) * (x.ndim - 2)]), w, s)
+    assert y.reshape(-1, *want.shape).tobytes() == np.stack([want] * (batch or 1)).tobytes()
