@@ -184,9 +184,10 @@ def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
     nr, kr = layout
     kr = kr or max(k, 1)  # kr = 0: one group of all of K
     kp = -(-k // kr) * kr
-    n_panels = -(-n // nr)
-    panels = packed.reshape(n_panels, kp // kr, nr, kr)
-    return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(n_panels * nr, kp)[:n, :k])
+    whole = n // nr  # whole panels; the last n % nr rows follow as they are
+    panels = packed[:whole * nr * kp].reshape(whole, kp // kr, nr, kr)
+    rows = panels.transpose(0, 2, 1, 3).reshape(whole * nr, kp)[:, :k]
+    return np.concatenate([rows, packed[whole * nr * kp:].reshape(n - whole * nr, k)])
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,

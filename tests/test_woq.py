@@ -154,7 +154,7 @@ def test_woqlinear_pickle_nbytes_weight_roundtrip():
     assert not layer.scales.flags.writeable and not layer.bias.flags.writeable
     assert qkern.WoqLinear(w, s).bias is None
     nr, kr = layer.layout
-    packed = -(-45 // nr) * nr * (-(-77 // kr) * kr)
+    packed = 45 // nr * nr * (-(-77 // kr) * kr) + 45 % nr * 77  # a partial panel as rows
     assert packed <= layer.nbytes < packed + 45 * 2 * 2 + 2 * 4 * (45 + nr)
     clone = pickle.loads(pickle.dumps(layer))
     x = rng.standard_normal((5, 77)).astype(BF16)
@@ -193,6 +193,30 @@ def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
     assert float(layer(np.ones(64, np.float32))[0]) == 64.0
     arrays = [v for v in vars(layer).values() if isinstance(v, np.ndarray) and v.dtype == np.int8]
     assert len(arrays) == 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 15, 17, 31, 33])
+@pytest.mark.parametrize("k", [1, 7, 4096])
+def test_small_n_is_not_padded_to_a_panel(n, k):
+    """A partial last panel is held as plain rows: N = 1 cost a whole panel
+    (16 or 32 times the weight) in the layer and on every functional call."""
+    rng = np.random.default_rng(n * k)
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.5, 2, n).astype(np.float32)
+    for kern in (k for k in qkern.kernels() if k.available):
+        nr, kr = kern.layout
+        packed = qkern.woq._pack(w, kern.layout)
+        rows_padded_to_kr = n * (-(-k // max(kr, 1)) * max(kr, 1))
+        assert packed.nbytes <= rows_padded_to_kr, kern.name
+        if k >= 4:  # kr <= 2
+            assert packed.nbytes <= 1.25 * n * k, kern.name
+        layer = qkern.WoqLinear(w, s, kernel=kern.name)
+        assert layer._packed.nbytes == packed.nbytes
+        scales_bytes = n * 4 + 4 * -(-n // nr) * nr  # float32 scales, padded to whole panels
+        assert layer.nbytes <= rows_padded_to_kr + scales_bytes, (kern.name, layer.nbytes)
+        assert np.array_equal(layer.weight(), w)
+        x = rng.standard_normal((5, k)).astype(np.float32)
+        assert_woq_close(layer(x), x, w, s)
 
 
 def _state(layer) -> dict:

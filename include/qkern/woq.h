@@ -8,14 +8,20 @@
  *    kernel (nr, kr).  scale/bias: f32, padded with zeros to a multiple of nr.
  * y: M x N, the dtype of x, rows c_stride bytes apart.
  *
- * Packed layout (nr, kr): Np = roundup(N, nr), Kp = roundup(K, kr).
+ * Packed layout (nr, kr): Kp = roundup(K, kr); floor(N / nr) whole panels,
+ * then the N mod nr columns of a partial last panel as plain rows.
  *
  *   panel p (columns p*nr .. p*nr+nr-1), Kp*nr bytes, panels back to back:
  *
  *     for kb in 0 .. Kp/kr-1:          one "k-group" of kr consecutive k
  *       for j in 0 .. nr-1:            nr columns
  *         for r in 0 .. kr-1:          kr values of one column
- *           byte = w[p*nr + j, kb*kr + r]     (0 beyond N or K)
+ *           byte = w[p*nr + j, kb*kr + r]     (0 beyond K)
+ *
+ *   then, at floor(N / nr) * nr * Kp, the last N mod nr rows of w as they
+ *   are (K bytes each), so that a small N costs no padding to nr columns.
+ *   qk_woq_gemm() pads them to one panel (zero columns beyond N) for the
+ *   length of a call: kernels only ever read whole panels.
  *
  *   e.g. nr = 4, kr = 2 (the kernels use nr = 16 or 32):
  *
@@ -153,6 +159,11 @@ size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr);
 /* Packs w (N x K int8, rows ldw bytes apart) into out (packed_size bytes). */
 void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                  uint32_t kr, int8_t* out);
+
+/* Writes the partial last panel of `packed` (N mod nr != 0) as one whole
+ * panel, Kp * nr bytes, zero beyond N, into out. */
+void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,
+                           int8_t* out);
 
 /*
  * Runs kernel `kern` over the whole problem with OpenMP threads (returns

@@ -62,29 +62,43 @@ size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt) {
 /* The shape of one call, cut into tasks (see the top of this file). */
 typedef struct plan {
   const qk_woq_kernel* kern;
-  size_t m, n, k, nr, panel_bytes, panels_per_chunk, n_chunks, esize;
+  size_t m, n, k, nr, panel_bytes, panels_per_chunk, esize;
+  size_t full_panels, full_chunks, n_chunks; /* n_chunks: + 1 for a partial panel */
   size_t x_group_bytes; /* packed x: bytes per 32-row group; 0: x as is */
   qk_dtype dt;
   const int8_t* packed;
+  const int8_t* last_panel; /* the partial last panel, padded (see qk_woq_gemm) */
   const float *scale, *bias;
   char* y;
   int64_t y_stride;
 } plan;
 
-/* Columns of chunk nb: the first (returned) and how many (*nc). */
-static size_t chunk_columns(const plan* p, size_t nb, size_t* nc) {
-  const size_t n0 = nb * p->panels_per_chunk * p->nr, chunk_cols = p->panels_per_chunk * p->nr;
-  *nc = p->n - n0 < chunk_cols ? p->n - n0 : chunk_cols;
-  return n0;
+/* Chunk nb: its first column (*n0), its number of columns (*nc) and its
+ * first panel.  Whole panels come panels_per_chunk to a chunk; a partial
+ * last panel is a chunk of its own, and the first one: a static schedule
+ * gives the first thread the one extra task where tasks do not divide
+ * evenly, so the small one lands there and the threads stay balanced. */
+static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* nc) {
+  if (p->n_chunks > p->full_chunks) {
+    if (nb == 0) {
+      *n0 = p->full_panels * p->nr;
+      *nc = p->n - *n0;
+      return p->last_panel;
+    }
+    nb--;
+  }
+  const size_t chunk_cols = p->panels_per_chunk * p->nr, full_cols = p->full_panels * p->nr;
+  *n0 = nb * chunk_cols;
+  *nc = full_cols - *n0 < chunk_cols ? full_cols - *n0 : chunk_cols;
+  return p->packed + nb * p->panels_per_chunk * p->panel_bytes;
 }
 
 /* Rows m0 .. m_end-1 times chunk nb of the panels.  Row r of x is at
  * x + x_offsets[r], or x + r * x_stride without offsets. */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
                      int64_t x_stride, const int64_t* x_offsets, char* wide) {
-  size_t nc;
-  const size_t n0 = chunk_columns(p, nb, &nc);
-  const int8_t* w = p->packed + n0 / p->nr * p->panel_bytes;
+  size_t n0, nc;
+  const int8_t* w = chunk_panels(p, nb, &n0, &nc);
   if (wide) {
     p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
     w = (const int8_t*)wide;
@@ -104,10 +118,9 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
  * thread's f32 sums, roundup(nc, 32) per row. */
 static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end,
                             const char* x_block, char* wide, float* acc) {
-  size_t nc;
-  const size_t n0 = chunk_columns(p, nb, &nc), panels = ceil_div(nc, p->nr);
-  const size_t ld = panels * p->nr;
-  const int8_t* chunk = p->packed + n0 / p->nr * p->panel_bytes;
+  size_t n0, nc;
+  const int8_t* chunk = chunk_panels(p, nb, &n0, &nc);
+  const size_t panels = ceil_div(nc, p->nr), ld = panels * p->nr;
   const size_t x_chunk = packed_x_chunk_size(p->dt);
   for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += QK_KBLOCK_K) {
     const size_t kc = p->k - k0 < QK_KBLOCK_K ? p->k - k0 : QK_KBLOCK_K;
@@ -143,16 +156,19 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   if (m == 0 || n == 0) return QK_OK;
 
   const size_t kr = qk_woq_group_len(k, kern->kr);
-  plan p = {kern, m, n, k, kern->nr, ceil_div(k, kr) * kr * kern->nr, 0, 0,
-            dt == QK_F32 ? 4 : 2, packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
-            dt, packed, scale, bias, y, y_stride};
-  const size_t panels = ceil_div(n, p.nr);
+  plan p = {.kern = kern, .m = m, .n = n, .k = k, .nr = kern->nr,
+            .panel_bytes = ceil_div(k, kr) * kr * kern->nr, .esize = dt == QK_F32 ? 4 : 2,
+            .full_panels = n / kern->nr,
+            .x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
+            .dt = dt, .packed = packed, .scale = scale, .bias = bias, .y = y,
+            .y_stride = y_stride};
   if (packing_x)
     p.panels_per_chunk = QK_KBLOCK_COLS / p.nr;
   else
-    p.panels_per_chunk = p.panel_bytes ? QK_CHUNK_BYTES / p.panel_bytes : panels;
+    p.panels_per_chunk = p.panel_bytes ? QK_CHUNK_BYTES / p.panel_bytes : p.full_panels;
   if (p.panels_per_chunk == 0) p.panels_per_chunk = 1;
-  p.n_chunks = ceil_div(panels, p.panels_per_chunk);
+  p.full_chunks = ceil_div(p.full_panels, p.panels_per_chunk);
+  p.n_chunks = p.full_chunks + (n % p.nr != 0);
   const size_t mc = packing_x ? QK_MC_PACKED_X : QK_MC;
   const size_t m_blocks = ceil_div(m, mc);
   const size_t tasks = p.n_chunks * m_blocks;
@@ -168,8 +184,10 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   if ((double)threads * QK_MIN_MACS_PER_THREAD > macs)
     threads = (int)(macs / QK_MIN_MACS_PER_THREAD) + 1;
 
-  /* Buffers (widened panels and f32 sums per thread, packed x of one row
-   * block) are allocated before any output is written. */
+  /* Buffers (the partial last panel padded, widened panels and f32 sums per
+   * thread, packed x of one row block) are allocated before any output is
+   * written.  The packed weight holds a partial last panel as plain rows
+   * (include/qkern/woq.h); the kernels read it padded to a whole panel. */
   const int widening = kern->widen && k > 0;
   const size_t wide_k = packing_x && k > QK_KBLOCK_K ? QK_KBLOCK_K : k;
   const size_t wide_stride =
@@ -179,14 +197,22 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
   const size_t x_block_bytes = block_rows / 32 * p.x_group_bytes;
   const size_t acc_stride = packing_x ? block_rows * p.panels_per_chunk * p.nr * sizeof(float) : 0;
+  const int partial = n % p.nr != 0;
+  int8_t* last_panel = partial ? aligned_alloc(64, (p.panel_bytes + 64) / 64 * 64) : NULL;
   char* wide_all = widening ? aligned_alloc(64, (size_t)threads * wide_stride) : NULL;
   char* x_block = packing_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
   char* acc_all = packing_x ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
-  if ((widening && !wide_all) || (packing_x && (!x_block || !acc_all))) {
+  if ((partial && !last_panel) || (widening && !wide_all) ||
+      (packing_x && (!x_block || !acc_all))) {
+    free(last_panel);
     free(wide_all);
     free(x_block);
     free(acc_all);
     return QK_ERR_NOMEM;
+  }
+  if (partial) {
+    qk_woq_pad_last_panel(packed, n, k, kern->nr, kern->kr, last_panel);
+    p.last_panel = last_panel;
   }
 
 #pragma omp parallel num_threads(threads)
@@ -223,6 +249,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
     }
     qk_fpenv_leave(caller_env);
   }
+  free(last_panel);
   free(wide_all);
   free(x_block);
   free(acc_all);

@@ -11,7 +11,7 @@ static size_t round_up(size_t v, size_t q) { return (v + q - 1) / q * q; }
 size_t qk_woq_group_len(size_t k, uint32_t kr) { return kr ? kr : (k ? k : 1); }
 
 size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) {
-  return round_up(n, nr) * round_up(k, qk_woq_group_len(k, kr));
+  return n / nr * nr * round_up(k, qk_woq_group_len(k, kr)) + n % nr * k;
 }
 
 /* Copies kr bytes; kr is 1 or 2 for every kernel, so those are inlined. */
@@ -24,11 +24,12 @@ static inline void copy_run(int8_t* dst, const int8_t* src, size_t kr) {
     memcpy(dst, src, kr);
 }
 
-void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
-                 uint32_t kr_tag, int8_t* out) {
+/* Packs n rows of w into roundup(n, nr) / nr whole panels, padded with zeros. */
+static void pack_panels(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
+                        uint32_t kr_tag, int8_t* out) {
   const size_t kr = qk_woq_group_len(k, kr_tag);
   const size_t kp = round_up(k, kr), full_groups = k / kr, tail = k % kr;
-  memset(out, 0, qk_woq_packed_size(n, k, nr, kr));
+  memset(out, 0, round_up(n, nr) * kp);
   /* Panel by panel, writing sequentially; the nr source rows are read as nr
    * sequential streams. */
   for (size_t p0 = 0; p0 < n; p0 += nr) {
@@ -40,4 +41,18 @@ void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
     for (size_t j = 0; tail && j < cols; j++)
       memcpy(dst + j * kr, w + (p0 + j) * ldw + full_groups * kr, tail);
   }
+}
+
+void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr, uint32_t kr,
+                 int8_t* out) {
+  const size_t whole = n / nr * nr;
+  pack_panels(w, ldw, whole, k, nr, kr, out);
+  int8_t* rows = out + qk_woq_packed_size(whole, k, nr, kr);
+  for (size_t j = whole; j < n; j++) memcpy(rows + (j - whole) * k, w + j * ldw, k);
+}
+
+void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,
+                           int8_t* out) {
+  const size_t whole = n / nr * nr;
+  pack_panels(packed + qk_woq_packed_size(whole, k, nr, kr), k, n - whole, k, nr, kr, out);
 }
