@@ -6,6 +6,7 @@ accumulation and a single rounding to the dtype of ``x`` (docs/semantics.rst).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -103,26 +104,25 @@ def _span_bytes(x: np.ndarray) -> int:
 def _x_copies(x: np.ndarray):
     """x itself when its rows can be read in place; otherwise a copy of it.
 
-    Yields ``(first row, array)`` pairs covering x's rows in order.  x is
+    Yields ``(first row, rows, array)`` covering x's rows in order.  x is
     copied only when its last axis is not unit-stride: whole, if its distinct
     rows (axes of stride 0 stay broadcast) fit in the block size; else in
     blocks of rows, so that no copy outgrows the larger of the block size
     and the memory x spans.
     """
+    m = math.prod(x.shape[:-1])
     if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize:
-        yield 0, x
+        yield 0, m, x
         return
     distinct = x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.strides[:-1])]
     budget = max(_COPY_BLOCK_BYTES, _span_bytes(x))
     if distinct.size * x.itemsize <= budget:
-        yield 0, np.broadcast_to(np.ascontiguousarray(distinct), x.shape)
+        yield 0, m, np.broadcast_to(np.ascontiguousarray(distinct), x.shape)
         return
-    lead_shape = x.shape[:-1]
-    m = int(np.prod(lead_shape, dtype=np.int64))
     rows = max(1, budget // (x.shape[-1] * x.itemsize))
     for r0 in range(0, m, rows):
-        index = np.unravel_index(np.arange(r0, min(r0 + rows, m)), lead_shape)
-        yield r0, np.ascontiguousarray(x[index])
+        index = np.unravel_index(np.arange(r0, min(r0 + rows, m)), x.shape[:-1])
+        yield r0, len(index[0]), np.ascontiguousarray(x[index])
 
 
 _THREAD_NOTICES = {
@@ -205,15 +205,15 @@ def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
         y, y_stride = np.empty(shape, dtype=x.dtype), n * x.itemsize
     else:
         y, y_stride = _check_out(out, shape, x.dtype, (("x", x),) + inputs)
-    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    m = math.prod(x.shape[:-1])
     if m == 0 or n == 0:
         return y
-    y_rows = np.lib.stride_tricks.as_strided(y, (m, n), (y_stride, y.itemsize))
-    for r0, xs in _x_copies(x):
+    for r0, rows, xs in _x_copies(x):
         x_stride, offsets = _x_rows(xs)
-        rows = int(np.prod(xs.shape[:-1], dtype=np.int64))
+        y_r0 = y if r0 == 0 else np.lib.stride_tricks.as_strided(y, (m, n),
+                                                                 (y_stride, y.itemsize))[r0:]
         _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, w_packed, scale_f32,
-                  bias_f32, y_rows[r0:], y_stride, threads)
+                  bias_f32, y_r0, y_stride, threads)
         del xs  # a block copy is freed before the next is made
     _warn_thread_notices()
     return y
@@ -274,7 +274,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     scales = _check_vector("scales", scales, n, x.dtype)
     if bias is not None:
         bias = _check_vector("bias", bias, n, x.dtype)
-    m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
+    m = math.prod(x.shape[:-1]) if x.ndim else 0
     kern = choose_kernel(x.dtype, m, unpacked_ok=True)
     w_packed = w.reshape(-1) if kern.layout == (1, 0) else _pack(w, kern.layout)
     return _run(kern, x, w_packed, n, k, _padded_f32(scales, kern.nr),
@@ -364,7 +364,7 @@ class WoqLinear:
         x = _check_array("x", x)
         if x.dtype != self.dtype:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
-        m = int(np.prod(x.shape[:-1], dtype=np.int64)) if x.ndim else 0
+        m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self.shape
         return _run(self.kernel_for(m), x, self._packed, n, k, self._scale_f32, self._bias_f32,
                     out, num_threads, ())
