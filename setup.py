@@ -31,6 +31,11 @@ SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 COMMON_CFLAGS = ["-O3", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
                  "-Wall"] + SANITIZE_FLAGS
 INCLUDE = ["include"]
+# Kernels and their loops start on a cache line, so that a change to other
+# code cannot move them: on a Zen 3 the AVX2 kernel ran 3-4 % slower when a
+# driver change shifted it by 48 bytes, and aligned it runs as fast as the
+# best placement measured.
+KERNEL_CFLAGS = ["-falign-functions=64", "-falign-loops=64"]
 
 # (library, macro, flags, probe statement, sources)
 ISA_LIBRARIES = [
@@ -109,7 +114,8 @@ def libraries():
         "cflags": COMMON_CFLAGS + ["-fopenmp"],
         "obj_deps": {"": HEADERS},
     })
-    isa = [(lib, {"sources": srcs, "include_dirs": INCLUDE, "cflags": COMMON_CFLAGS + flags,
+    isa = [(lib, {"sources": srcs, "include_dirs": INCLUDE,
+                  "cflags": COMMON_CFLAGS + KERNEL_CFLAGS + flags,
                   "obj_deps": {"": HEADERS}})
            for lib, _, flags, srcs in built]
     return [base] + isa
