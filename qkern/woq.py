@@ -106,9 +106,9 @@ def _x_copies(x: np.ndarray):
 
     Yields ``(first row, rows, array)`` covering x's rows in order.  x is
     copied only when its last axis is not unit-stride: whole, if its distinct
-    rows (axes of stride 0 stay broadcast) fit in the block size; else in
-    blocks of rows, so that no copy outgrows the larger of the block size
-    and the memory x spans.
+    rows (axes of stride 0 stay broadcast) fit in the block size, or x is one
+    row; else in blocks of rows, so that no copy outgrows the larger of the
+    block size and the memory x spans (or one row).
     """
     m = math.prod(x.shape[:-1])
     if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize:
@@ -116,7 +116,7 @@ def _x_copies(x: np.ndarray):
         return
     distinct = x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.strides[:-1])]
     budget = max(_COPY_BLOCK_BYTES, _span_bytes(x))
-    if distinct.size * x.itemsize <= budget:
+    if distinct.size * x.itemsize <= budget or m == 1:
         yield 0, m, np.broadcast_to(np.ascontiguousarray(distinct), x.shape)
         return
     rows = max(1, budget // (x.shape[-1] * x.itemsize))

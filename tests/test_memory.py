@@ -201,3 +201,16 @@ def test_copy_of_overlapping_rows_made_in_bounded_blocks(batch):
     assert peak < (4 << 20) + (1 << 20), peak  # one block, and its row indices
     want = qkern.weight_int8pack_mm(np.ascontiguousarray(x[(0,) * (x.ndim - 2)]), w, s)
     assert y.reshape(-1, *want.shape).tobytes() == np.stack([want] * (batch or 1)).tobytes()
+
+
+@pytest.mark.parametrize("shape", [(2**21,), (1, 2**21), (3, 2**21)])
+def test_rows_larger_than_a_copy_block(shape):
+    """x broadcast along K (stride 0), each row larger than a copy block
+    (8 MiB of float32): copied a row at a time, or whole where it is one
+    row.  Regression: a 1-D x of this kind failed in the block path."""
+    x = np.broadcast_to(np.float32(0.5), shape)
+    w = np.ones((3, shape[-1]), np.int8)
+    w[1] = -1
+    y = qkern.weight_int8pack_mm(x, w, np.ones(3, np.float32))
+    assert y.shape == shape[:-1] + (3,)
+    assert (y == np.array([2**20, -2**20, 2**20], np.float32)).all()
