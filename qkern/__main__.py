@@ -52,17 +52,28 @@ def _table_lines(header: tuple, rows: list) -> list:
             for r in [header, tuple("-" * w for w in widths), *rows]]
 
 
+def _traits(k) -> str:
+    traits = [t for t, on in (("widened", k.widened), ("splits-x", k.splits_x),
+                              ("flushes-subnormals", k.flushes_subnormals)) if on]
+    return ",".join(traits) or "-"
+
+
 def kernel_lines() -> list:
     """The kernel registry as text-table lines, one kernel per row.
 
     Returns
     -------
     list of str
-        Header, rule, then name, ISA, MRxNRxKR, dtypes and availability per kernel.
+        Header, rule, then per kernel: name, ISA, kind, MRxNRxKR, weight
+        format, dtypes, numerical and reading traits, the instruction that
+        bounds it, and whether it may run here.
     """
-    rows = [(k.name, k.isa, f"{k.mr}x{k.nr}x{k.kr}", ",".join(k.dtypes),
-             "yes" if k.available else "no") for k in qkern.kernels()]
-    return _table_lines(("kernel", "isa", "MRxNRxKR", "dtypes", "available"), rows)
+    rows = [(k.name, k.isa, k.kind, f"{k.mr}x{k.nr}x{k.kr}",
+             k.weight_format + (f"/g{k.group_size}" if k.group_size else ""),
+             ",".join(k.dtypes), _traits(k), k.bound_by, "yes" if k.available else "no")
+            for k in qkern.kernels()]
+    return _table_lines(("kernel", "isa", "kind", "MRxNRxKR", "weight", "dtypes", "traits",
+                         "bound by", "available"), rows)
 
 
 def choice_lines() -> list:

@@ -50,14 +50,31 @@ cdef extern from "qkern/woq.h":
     ctypedef void (*qk_woq_widen_fn)(const int8_t*, size_t, size_t, void*) noexcept nogil
     ctypedef void (*qk_woq_pack_x_fn)(const void*, qk_dtype, size_t, void*, size_t) noexcept nogil
 
+    ctypedef enum qk_woq_kind:
+        QK_WOQ_PANELS
+        QK_WOQ_UNPACKED
+        QK_WOQ_KBLOCK
+
+    ctypedef enum qk_woq_format:
+        QK_WOQ_INT8_PER_CHANNEL
+
+    enum:
+        QK_TRAIT_FLUSHES_SUBNORMALS
+        QK_TRAIT_SPLITS_X
+
     ctypedef struct qk_woq_kernel:
         const char* name
-        qk_woq_ukernel_fn fn
+        qk_woq_kind kind
         qk_isa isa
         uint32_t mr
         uint32_t nr
         uint32_t kr
         uint32_t dtypes
+        qk_woq_format format
+        uint32_t group_size
+        uint32_t traits
+        const char* bound_by
+        qk_woq_ukernel_fn fn
         qk_woq_widen_fn widen
         qk_woq_pack_x_fn pack_x
 

@@ -6,20 +6,32 @@ this module turns arrays into pointers, releases the GIL and calls C.
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int64_t, uint32_t
 
-from qkern._clib cimport (QK_ERR_NOMEM, QK_OK, qk_dtype, qk_woq_gemm, qk_woq_kernel, qk_woq_kernels,
+from qkern._clib cimport (QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBNORMALS, QK_TRAIT_SPLITS_X,
+                          QK_WOQ_INT8_PER_CHANNEL, QK_WOQ_KBLOCK, QK_WOQ_PANELS,
+                          QK_WOQ_UNPACKED, qk_dtype, qk_woq_gemm, qk_woq_kernel, qk_woq_kernels,
                           qk_woq_num_kernels, qk_woq_pack, qk_woq_packed_size)
 
 cnp.import_array()
 
 
+_KINDS = {QK_WOQ_PANELS: "panels", QK_WOQ_UNPACKED: "unpacked", QK_WOQ_KBLOCK: "kblock"}
+_FORMATS = {QK_WOQ_INT8_PER_CHANNEL: "int8_per_channel"}
+
+
 def registry():
-    """The C kernel registry: (name, isa, mr, nr, kr, dtype_mask, widened, splits_x) tuples."""
+    """The C kernel registry, one dict of named fields per entry, in order."""
     cdef size_t i
     out = []
     for i in range(qk_woq_num_kernels):
         e = &qk_woq_kernels[i]
-        out.append((e.name.decode(), <int>e.isa, e.mr, e.nr, e.kr, e.dtypes, e.widen != NULL,
-                    e.pack_x != NULL))
+        out.append({
+            "name": e.name.decode(), "kind": _KINDS[e.kind], "isa": <int>e.isa,
+            "mr": e.mr, "nr": e.nr, "kr": e.kr, "dtype_mask": e.dtypes,
+            "weight_format": _FORMATS[e.format], "group_size": e.group_size,
+            "flushes_subnormals": bool(e.traits & QK_TRAIT_FLUSHES_SUBNORMALS),
+            "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
+            "widened": e.widen != NULL, "bound_by": e.bound_by.decode(),
+        })
     return out
 
 

@@ -82,13 +82,6 @@ def aligned_twin(m: int, n: int, k: int) -> tuple:
 # (no K tail) and dies of a segmentation fault on other K.
 TORCH_INT8_K_MULTIPLE = 16
 
-# The instruction that does a kernel's multiply-adds, by the kernel's ISA
-# (the portable reference is held to the AVX2 FMA peak).
-_PEAK_FOR_ISA = {"amx": "tdpbf16ps", "avx512_bf16": "vdpbf16ps zmm",
-                 "avx512": "vfmadd231ps zmm", "avx2": "vfmadd231ps ymm",
-                 "ref": "vfmadd231ps ymm"}
-
-
 @dataclass(frozen=True)
 class Timing:
     """Seconds per call over the timed repetitions (warm-up excluded)."""
@@ -278,10 +271,9 @@ def _roofline_seconds(roof, kern, dtype: str, m: int, n: int, k: int, threads: i
     """The roofline's time for one call of ``kern``: max(weight bytes / bandwidth,
     flops / the peak of its instruction), flops counting each bf16 plane of a
     split float16/float32 activation."""
-    instruction = _PEAK_FOR_ISA[kern.isa]
     flops = 2.0 * m * n * k * kern.planes(dtype)
     return max(n * k / (roof.median_bandwidth(threads) * 1e9),
-               flops / (roof.median_peak(instruction, threads) * 1e9))
+               flops / (roof.median_peak(kern.bound_by, threads) * 1e9))
 
 
 class _Problem:

@@ -86,41 +86,68 @@ _VERBOSE = os.environ.get("QKERN_VERBOSE", "") not in ("", "0")
 
 @dataclass(frozen=True)
 class Kernel:
-    """One entry of the C kernel registry.
+    """One entry of the C kernel registry, with the traits it states.
+
+    Code reads these fields; it never parses a kernel's name.
 
     Attributes
     ----------
     name : str
         ``<compute>_gemm_<MR>x<NR>c<KR>__<isa>``, as the C function is named.
+    kind : str
+        How the driver runs it: ``"panels"`` (over packed, or widened, weight
+        panels), ``"unpacked"`` (over the row-major weight itself, layout
+        ``(1, 0)``) or ``"kblock"`` (one block of K per call, over packed
+        ``x``; the AMX kernels).
     isa : str
-        ISA level the kernel needs (one of ``qkern.ISA_LEVELS``).
+        The lowest ISA level with every feature it uses (one of
+        ``qkern.ISA_LEVELS``).
+    features : tuple of str
+        The CPU features that level needs (names of :func:`qkern.cpu_features`).
     mr, nr, kr : int
         Rows per call, columns per packed panel, k values per packed group.
     dtypes : tuple of str
         Activation dtypes the kernel accepts.
-    available : bool
-        Whether this CPU, under ``QKERN_ISA``, may run it.
-    widened : bool
-        Whether it reads weight panels that the driver widened to bf16 (once
-        per chunk of columns, reused by every row block) instead of the
-        packed int8 bytes: worth it when many rows share each chunk.
+    weight_format : str
+        How the weight is stored and scaled: ``"int8_per_channel"``.
+    group_size : int
+        k values per scale; 0 for one scale per output column.
+    flushes_subnormals : bool
+        Whether its products are summed by ``vdpbf16ps`` or ``tdpbf16ps``,
+        which flush subnormal inputs and sums whatever MXCSR says (the error
+        bound has an absolute term for it, docs/semantics.rst).
     splits_x : bool
         Whether float16/float32 activations reach it split into bfloat16
         planes whose sum is exact (2 for float16, 3 for float32; each plane
         one more bf16 product per weight), made by the driver.
+    widened : bool
+        Whether it reads weight panels that the driver widened to bf16 (once
+        per chunk of columns, reused by every row block) instead of the
+        packed int8 bytes: worth it when many rows share each chunk.
+    bound_by : str
+        The instruction whose peak bounds its compute, as named by
+        :mod:`qkern.roofline` (``"vfmadd231ps ymm"``, ``"tdpbf16ps"``, ...).
+    available : bool
+        Whether this CPU, under ``QKERN_ISA``, may run it.
     index : int
         Position in the C registry.
     """
 
     name: str
+    kind: str
     isa: str
+    features: tuple
     mr: int
     nr: int
     kr: int
     dtypes: tuple
-    available: bool
-    widened: bool
+    weight_format: str
+    group_size: int
+    flushes_subnormals: bool
     splits_x: bool
+    widened: bool
+    bound_by: str
+    available: bool
     index: int
 
     def planes(self, dtype) -> int:
@@ -135,13 +162,19 @@ class Kernel:
         return (self.nr, self.kr)
 
 
+def _features(level: int) -> tuple:
+    return tuple(f for name in ISA_LEVELS[:level + 1] for f in _ISA_REQUIRES[name])
+
+
 def _load_registry() -> tuple:
     cap = ISA_LEVELS.index(ISA_CAP)
     out = []
-    for index, (name, isa, mr, nr, kr, mask, widened, splits_x) in enumerate(_woq.registry()):
+    for index, entry in enumerate(_woq.registry()):
+        level = entry.pop("isa")
+        mask = entry.pop("dtype_mask")
         dtypes = tuple(n for n, code in DTYPE_CODES.items() if mask & (1 << code))
-        out.append(Kernel(name, ISA_LEVELS[isa], mr, nr, kr, dtypes, isa <= cap, widened,
-                          splits_x, index))
+        out.append(Kernel(**entry, isa=ISA_LEVELS[level], features=_features(level),
+                          dtypes=dtypes, available=level <= cap, index=index))
     return tuple(out)
 
 
@@ -202,11 +235,11 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     """
     name = dtype_name(dtype)
     usable = [k for k in REGISTRY if k.available and name in k.dtypes]
-    unpacked = [k for k in usable if k.layout == (1, 0) and k.isa != "ref" and m <= 2 * k.mr]
+    unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref" and m <= 2 * k.mr]
     if unpacked_ok and layout is None and unpacked:
         return _log(max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa)), name, m)
     cands = [k for k in usable
-             if (k.layout == tuple(layout) if layout is not None else k.kr != 0)]
+             if (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
     if not cands:
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
     top = max(ISA_LEVELS.index(k.isa) for k in cands)

@@ -276,7 +276,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
         bias = _check_vector("bias", bias, n, x.dtype)
     m = math.prod(x.shape[:-1]) if x.ndim else 0
     kern = choose_kernel(x.dtype, m, unpacked_ok=True)
-    w_packed = w.reshape(-1) if kern.layout == (1, 0) else _pack(w, kern.layout)
+    w_packed = w.reshape(-1) if kern.kind == "unpacked" else _pack(w, kern.layout)
     return _run(kern, x, w_packed, n, k, _padded_f32(scales, kern.nr),
                 _padded_f32(bias, kern.nr), out, num_threads,
                 (("w", w), ("scales", scales), ("bias", bias)))

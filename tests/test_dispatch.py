@@ -65,6 +65,24 @@ def test_registry_entries():
             f"layout {layout} has no reference kernel"
 
 
+def test_registry_traits_agree_with_what_the_kernels_are():
+    """The traits code reads instead of names: each agrees with the entry's
+    layout and with the instruction that bounds it."""
+    peaks = {"vfmadd231ps ymm", "vfmadd231ps zmm", "vdpbf16ps zmm", "tdpbf16ps"}
+    for k in qkern.kernels():
+        assert k.kind in ("panels", "unpacked", "kblock"), k.name
+        assert (k.kind == "unpacked") == (k.layout == (1, 0)), k.name
+        if k.kind == "kblock":
+            assert (k.mr, k.nr, k.kr) == (32, 32, 2) and k.splits_x, k.name
+        assert k.weight_format == "int8_per_channel" and k.group_size == 0, k.name
+        assert k.bound_by in peaks, k.name
+        assert k.flushes_subnormals == (k.bound_by in ("vdpbf16ps zmm", "tdpbf16ps")), k.name
+        assert not k.splits_x or set(k.dtypes) > {"bfloat16"}, k.name
+        level = qkern.ISA_LEVELS.index(k.isa)
+        assert set(k.features) == {f for isa in qkern.ISA_LEVELS[:level + 1]
+                                   for f in dispatch._ISA_REQUIRES[isa]}, k.name
+
+
 def test_each_cpu_isa_has_its_kernels():
     levels = qkern.ISA_LEVELS[:qkern.ISA_LEVELS.index(dispatch.CPU_ISA) + 1]
     built = {k.isa for k in qkern.kernels()}
@@ -127,12 +145,12 @@ def test_verbose_logs_the_choice():
 
 def test_unpacked_kernel_only_where_packing_would_dominate():
     unpacked = [k for k in qkern.kernels()
-                if k.available and k.layout == (1, 0) and k.isa != "ref"]
+                if k.available and k.kind == "unpacked" and k.isa != "ref"]
     for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
         name = np.dtype(dtype).name
         # A layer packs once, so it never gets the unpacked layout.
-        assert dispatch.choose_kernel(dtype, 1).kr != 0
+        assert dispatch.choose_kernel(dtype, 1).kind != "unpacked"
         for m in (1, 4, 8, 9, 64):
             kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
             fits = [k for k in unpacked if name in k.dtypes and m <= 2 * k.mr]
-            assert (kern.layout == (1, 0)) == bool(fits), (name, m, kern.name)
+            assert (kern.kind == "unpacked") == bool(fits), (name, m, kern.name)

@@ -63,7 +63,7 @@ def _run_poisoned(layer, x, n, reverse_rows=False, **kwargs):
 def test_kernel_tile_edges(kern):
     rng = np.random.default_rng(1)
     ks, ms, ns = _sweep(kern)
-    daz = kern.name.startswith("bf16")
+    daz = kern.flushes_subnormals
     for dtype in DTYPES:
         if dtype.name not in kern.dtypes:
             continue
@@ -188,7 +188,7 @@ def test_split_planes_sum_exactly(kern):
         assert np.array_equal(y, np.repeat(x, 3, axis=1)), dtype
 
 
-@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].splits_x])
+@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].kind == "kblock"])
 def test_packed_x_blocks(kern):
     """Kernels on packed x (the AMX kernels): M over one 2048-row block of
     packed x, N over one 256-column chunk, K over several sub-blocks and over
@@ -203,6 +203,6 @@ def test_packed_x_blocks(kern):
         x, w, s, b = _data(rng, m, n, k, dtype)
         layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
         y = _run_poisoned(layer, x, n, num_threads=2)
-        assert_woq_close(y, x, w, s, b, daz=True, planes=kern.planes(dtype))
+        assert_woq_close(y, x, w, s, b, daz=kern.flushes_subnormals, planes=kern.planes(dtype))
         assert np.array_equal(y.view(np.uint8), layer(x, num_threads=1).view(np.uint8))
         assert np.array_equal(y[-37:].view(np.uint8), layer(x[-37:]).view(np.uint8))

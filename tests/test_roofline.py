@@ -96,7 +96,7 @@ def test_odd_shapes_are_timed_beside_their_twins(monkeypatch):
     monkeypatch.setitem(bench._ODD_SHAPES, True, [(3, 40, 70)])
     monkeypatch.setattr(bench, "copies_for_cold", lambda nbytes: 2)
     roof = roofline.Roofline(bandwidth={1: [10.0]},
-                             peaks={name: {1: [100.0]} for name in bench._PEAK_FOR_ISA.values()})
+                             peaks={k.bound_by: {1: [100.0]} for k in qkern.kernels()})
     rows = bench.peers_table(1, True, roof)
     twin = {(r["name"]): r for r in rows if (r["M"], r["N"], r["K"]) == (4, 32, 64)}
     odd = [r for r in rows if (r["M"], r["N"], r["K"]) == (3, 40, 70)]
@@ -120,8 +120,12 @@ def test_cli_rejects_bad_arguments(args, message):
 def test_cli_info_lists_every_kernel():
     r = subprocess.run([sys.executable, "-m", "qkern", "info"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.strip()}
     for k in qkern.kernels():
-        assert k.name in r.stdout
+        row = lines[k.name]
+        assert row[1:4] == [k.isa, k.kind, f"{k.mr}x{k.nr}x{k.kr}"], row
+        assert k.bound_by in " ".join(row) and row[-1] == ("yes" if k.available else "no"), row
+        assert ("flushes-subnormals" in " ".join(row)) == k.flushes_subnormals, row
 
 
 def test_minof_script_times_each_row_and_thread_count(capsys):

@@ -81,7 +81,7 @@ def test_child_forked_before_any_threads_keeps_them():
     if pid == 0:
         with warnings.catch_warnings(record=True) as caught:
             ok = same(layer(x, num_threads=2))
-        ok = ok and not caught and thread_count() == 2
+        ok = ok and not caught and thread_count() == min(2, len(os.sched_getaffinity(0)))
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

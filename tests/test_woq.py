@@ -22,7 +22,7 @@ DTYPE_IDS = [d.name for d in DTYPES]
 def _bound(dtype):
     """assert_woq_close's kernel terms, covering every kernel the choice may make."""
     cands = [k for k in qkern.kernels() if k.available and np.dtype(dtype).name in k.dtypes]
-    return {"daz": any(k.name.startswith("bf16") for k in cands),
+    return {"daz": any(k.flushes_subnormals for k in cands),
             "planes": max(k.planes(dtype) for k in cands)}
 
 

@@ -122,23 +122,51 @@ typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, 
 typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* out,
                                  size_t chunk_stride);
 
+/* How the driver runs a kernel, and what it reads. */
+typedef enum qk_woq_kind {
+  QK_WOQ_PANELS = 0,   /* fn, over packed panels (nr, kr >= 1), or widened ones */
+  QK_WOQ_UNPACKED = 1, /* fn, over the row-major weight itself (nr = 1, kr = 0) */
+  QK_WOQ_KBLOCK = 2    /* kblock, one K block per call, over packed x (pack_x)
+                          and packed or widened panels; MR = nr = 32, kr = 2 */
+} qk_woq_kind;
+
+/* How the weight's values are stored and scaled. */
+typedef enum qk_woq_format {
+  QK_WOQ_INT8_PER_CHANNEL = 0 /* int8, one scale per output column */
+} qk_woq_format;
+
+/* Numerical traits, bits of qk_woq_kernel.traits (docs/semantics.rst). */
+enum {
+  /* Products summed by vdpbf16ps or tdpbf16ps, which treat subnormal bf16
+   * inputs as zero and flush subnormal sums, whatever MXCSR says. */
+  QK_TRAIT_FLUSHES_SUBNORMALS = 1u << 0,
+  /* float16 / float32 x reaches the kernel as 2 / 3 bf16 planes whose sum
+   * is exact (packed x), one product per plane. */
+  QK_TRAIT_SPLITS_X = 1u << 1
+};
+
 /* One registry entry: the single source of truth for dispatch, tests,
- * qkern.kernels() and the docs.  Every kernel of one (nr, kr) reads the same
- * packed bytes, so qk_woq_pack() serves them all.  A kernel with a widen
- * function reads widened panels instead: the driver widens each chunk of
- * packed panels (for a K-block kernel, each K block of a chunk) once into a
- * per-thread buffer and reuses it for every row step of its task.  A kernel
- * on packed x has a kblock function and no fn, and MR = 32, nr = 32, kr = 2. */
+ * qkern.kernels(), the benchmark's roofline and the docs.  Every kernel of
+ * one (nr, kr) reads the same packed bytes, so qk_woq_pack() serves them
+ * all.  A kernel with a widen function reads widened panels instead: the
+ * driver widens each chunk of packed panels (for a K-block kernel, each K
+ * block of a chunk) once into a per-thread buffer and reuses it for every
+ * row step of its task. */
 typedef struct qk_woq_kernel {
   const char* name;
-  qk_woq_ukernel_fn fn;   /* NULL for a kernel on packed x (kblock instead) */
-  qk_isa isa;
+  qk_woq_kind kind;
+  qk_isa isa;               /* the lowest ISA level with every feature it uses */
   uint32_t mr, nr, kr;
-  uint32_t dtypes;        /* bit (1 << qk_dtype) set for each x dtype accepted */
-  qk_woq_widen_fn widen;  /* NULL: the kernel reads the packed int8 panels */
-  qk_woq_pack_x_fn pack_x; /* non-NULL: x reaches the kernel as packed x
-                               (layout above), written by the driver */
-  qk_woq_kblock_fn kblock; /* with pack_x: the kernel, one K block per call */
+  uint32_t dtypes;          /* bit (1 << qk_dtype) set for each x dtype accepted */
+  qk_woq_format format;
+  uint32_t group_size;      /* k values per scale: 0 = all of K (per channel) */
+  uint32_t traits;          /* QK_TRAIT_* bits */
+  const char* bound_by;     /* the instruction whose peak bounds its compute:
+                               a qk_peak_loops name (qkern/roofline.h) */
+  qk_woq_ukernel_fn fn;     /* QK_WOQ_PANELS, QK_WOQ_UNPACKED */
+  qk_woq_widen_fn widen;    /* NULL: the kernel reads the packed int8 panels */
+  qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x (layout above) */
+  qk_woq_kblock_fn kblock;  /* QK_WOQ_KBLOCK */
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */

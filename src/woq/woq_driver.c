@@ -148,10 +148,12 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
                 const int64_t* x_offsets, const int8_t* packed,
                 const float* scale, const float* bias, char* y,
                 int64_t y_stride, int num_threads) {
-  const int packing_x = kern && kern->pack_x && kern->kblock;
+  const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
-      !(kern->dtypes & (1u << dt)) || !(kern->fn || packing_x) ||
-      (packing_x && (kern->mr != 32 || kern->nr != 32 || kern->kr != 2)))
+      kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
+      (packing_x ? !kern->pack_x || !kern->kblock || kern->mr != 32 || kern->nr != 32 ||
+                       kern->kr != 2
+                 : !kern->fn))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
 
