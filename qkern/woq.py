@@ -184,10 +184,12 @@ def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
     nr, kr = layout
     kr = kr or max(k, 1)  # kr = 0: one group of all of K
     kp = -(-k // kr) * kr
-    whole = n // nr  # whole panels; the last n % nr rows follow as they are
-    panels = packed[:whole * nr * kp].reshape(whole, kp // kr, nr, kr)
-    rows = panels.transpose(0, 2, 1, 3).reshape(whole * nr, kp)[:, :k]
-    return np.concatenate([rows, packed[whole * nr * kp:].reshape(n - whole * nr, k)])
+    whole = n // nr * nr  # rows in whole panels; the last n % nr follow as they are
+    panels = packed[:whole * kp].reshape(whole // nr, kp // kr, nr, kr)
+    w = np.empty((n, k), np.int8)
+    w[:whole] = panels.transpose(0, 2, 1, 3).reshape(whole, kp)[:, :k]
+    w[whole:] = packed[whole * kp:].reshape(n - whole, k)
+    return w
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
