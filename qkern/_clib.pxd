@@ -62,6 +62,12 @@ cdef extern from "qkern/woq.h":
         QK_TRAIT_FLUSHES_SUBNORMALS
         QK_TRAIT_SPLITS_X
 
+    ctypedef struct qk_woq_blocking:
+        uint32_t rows
+        uint32_t chunk_bytes
+        uint32_t k_block
+        uint32_t min_macs_per_thread
+
     ctypedef struct qk_woq_kernel:
         const char* name
         qk_woq_kind kind
@@ -74,6 +80,7 @@ cdef extern from "qkern/woq.h":
         uint32_t group_size
         uint32_t traits
         const char* bound_by
+        qk_woq_blocking blocking
         qk_woq_ukernel_fn fn
         qk_woq_widen_fn widen
         qk_woq_pack_x_fn pack_x
@@ -84,11 +91,10 @@ cdef extern from "qkern/woq.h":
     size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) nogil
     void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                      uint32_t kr, int8_t* out) nogil
-    int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
-                    qk_dtype dt, const char* x, int64_t x_stride,
-                    const int64_t* x_offsets, const int8_t* packed,
-                    const float* scale, const float* bias, char* y,
-                    int64_t y_stride, int num_threads) nogil
+    int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                    size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
+                    const int64_t* x_offsets, const int8_t* packed, const float* scale,
+                    const float* bias, char* y, int64_t y_stride, int num_threads) nogil
 
 
 cdef extern from "qkern/roofline.h":

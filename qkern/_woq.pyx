@@ -6,10 +6,11 @@ this module turns arrays into pointers, releases the GIL and calls C.
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int64_t, uint32_t
 
-from qkern._clib cimport (QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBNORMALS, QK_TRAIT_SPLITS_X,
-                          QK_WOQ_INT8_PER_CHANNEL, QK_WOQ_KBLOCK, QK_WOQ_PANELS,
-                          QK_WOQ_UNPACKED, qk_dtype, qk_woq_gemm, qk_woq_kernel, qk_woq_kernels,
-                          qk_woq_num_kernels, qk_woq_pack, qk_woq_packed_size)
+from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBNORMALS,
+                          QK_TRAIT_SPLITS_X, QK_WOQ_INT8_PER_CHANNEL, QK_WOQ_KBLOCK,
+                          QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype, qk_woq_blocking, qk_woq_gemm,
+                          qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
+                          qk_woq_packed_size)
 
 cnp.import_array()
 
@@ -31,6 +32,8 @@ def registry():
             "flushes_subnormals": bool(e.traits & QK_TRAIT_FLUSHES_SUBNORMALS),
             "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
             "widened": e.widen != NULL, "bound_by": e.bound_by.decode(),
+            "blocking": (e.blocking.rows, e.blocking.chunk_bytes, e.blocking.k_block,
+                         e.blocking.min_macs_per_thread),
         })
     return out
 
@@ -60,7 +63,7 @@ cdef _check_holds(str name, size_t got, size_t needed):
 def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
          int64_t x_stride, const int64_t[::1] x_offsets, const int8_t[::1] packed,
          const float[::1] scale, const float[::1] bias, cnp.ndarray y, int64_t y_stride,
-         int num_threads):
+         int num_threads, tuple blocking):
     """Run registry kernel ``index`` over the whole problem.
 
     ``x`` and ``y`` point at element (0, 0); row m of x is at byte offset
@@ -68,7 +71,9 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     of y at ``m * y_stride``.  ``bias`` may be None.  What the kernel reads
     whole is checked against (m, n, k), ValueError if short: ``packed``
     (1-D, as packed by :func:`pack`), ``scale`` and ``bias`` (padded to whole
-    panels), ``x_offsets``; ``x`` and ``y`` are not.
+    panels), ``x_offsets``; ``x`` and ``y`` are not.  ``blocking`` is
+    ``(rows, chunk_bytes, k_block, min_macs_per_thread)`` (include/qkern/woq.h)
+    or None for the kernel's default; ValueError if the driver refuses it.
     """
     if index >= qk_woq_num_kernels:
         raise IndexError("no such kernel")
@@ -88,11 +93,19 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     cdef const float* sp = &scale[0]
     cdef const int8_t* wp = &packed[0]
     cdef char* yp = <char*>cnp.PyArray_DATA(y)
+    cdef qk_woq_blocking b
+    cdef const qk_woq_blocking* bptr = NULL
+    if blocking is not None:
+        b.rows, b.chunk_bytes, b.k_block, b.min_macs_per_thread = blocking
+        bptr = &b
     cdef int status
     with nogil:
-        status = qk_woq_gemm(kern, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
+        status = qk_woq_gemm(kern, bptr, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
                              yp, y_stride, num_threads)
     if status == QK_ERR_NOMEM:
         raise MemoryError(f"qk_woq_gemm({kern.name.decode()}): no memory for its buffers")
+    if status == QK_ERR_ARG:
+        raise ValueError(f"qk_woq_gemm({kern.name.decode()}) refused the kernel, dtype or "
+                         f"blocking {blocking}")
     if status != QK_OK:
         raise RuntimeError(f"qk_woq_gemm({kern.name.decode()}) failed with status {status}")

@@ -85,6 +85,56 @@ _VERBOSE = os.environ.get("QKERN_VERBOSE", "") not in ("", "0")
 
 
 @dataclass(frozen=True)
+class Blocking:
+    """How the driver cuts one call into tasks (``qk_woq_blocking``,
+    include/qkern/woq.h). Every valid blocking gives the same bits: each
+    output is one sum over K in a fixed order whatever the cut.
+
+    Attributes
+    ----------
+    rows : int
+        Rows of ``x`` per task; for a ``kblock`` kernel, rows packed at once
+        (a multiple of 32).
+    chunk_bytes : int
+        Packed-weight bytes per chunk of columns: as many whole panels as
+        fit, at least one; for a ``kblock`` kernel, the bytes of one K block
+        of the chunk (``k_block * nr`` per panel).
+    k_block : int
+        ``kblock`` kernels: k per block of K (a multiple of 32); 0 for the
+        others, which take all of K in one call.
+    min_macs_per_thread : int
+        A call starts at most ``1 + M*N*K // min_macs_per_thread`` threads.
+    """
+
+    rows: int
+    chunk_bytes: int
+    k_block: int
+    min_macs_per_thread: int
+
+    def check(self, kind: str) -> "Blocking":
+        """This blocking, if the driver accepts it for a kernel of ``kind``.
+
+        Raises
+        ------
+        ValueError
+            Naming the rule it breaks.
+        """
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+                raise ValueError(f"blocking: {name} must be an int in [0, 2**32), got {value!r}")
+        if not (self.rows and self.chunk_bytes and self.min_macs_per_thread):
+            raise ValueError(f"blocking: rows, chunk_bytes and min_macs_per_thread must be "
+                             f"positive, got {self}")
+        if kind == "kblock":
+            if self.rows % 32 or self.k_block < 32 or self.k_block % 32:
+                raise ValueError(f"blocking: a kblock kernel needs rows and k_block (>= 32) "
+                                 f"that are multiples of 32, got {self}")
+        elif self.k_block:
+            raise ValueError(f"blocking: k_block must be 0 for a {kind} kernel, got {self}")
+        return self
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One entry of the C kernel registry, with the traits it states.
 
@@ -127,6 +177,8 @@ class Kernel:
     bound_by : str
         The instruction whose peak bounds its compute, as named by
         :mod:`qkern.roofline` (``"vfmadd231ps ymm"``, ``"tdpbf16ps"``, ...).
+    blocking : Blocking
+        How the driver cuts a call by default.
     available : bool
         Whether this CPU, under ``QKERN_ISA``, may run it.
     index : int
@@ -147,6 +199,7 @@ class Kernel:
     splits_x: bool
     widened: bool
     bound_by: str
+    blocking: Blocking
     available: bool
     index: int
 
@@ -173,8 +226,9 @@ def _load_registry() -> tuple:
         level = entry.pop("isa")
         mask = entry.pop("dtype_mask")
         dtypes = tuple(n for n, code in DTYPE_CODES.items() if mask & (1 << code))
+        blocking = Blocking(*entry.pop("blocking"))
         out.append(Kernel(**entry, isa=ISA_LEVELS[level], features=_features(level),
-                          dtypes=dtypes, available=level <= cap, index=index))
+                          dtypes=dtypes, blocking=blocking, available=level <= cap, index=index))
     return tuple(out)
 
 

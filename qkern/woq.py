@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import astuple
 
 import numpy as np
 
 from qkern import _cpu, _woq
 from qkern._dtypes import dtype_code, dtype_name
-from qkern.dispatch import REGISTRY, Kernel, choose_kernel, choose_layout, get_kernel
+from qkern.dispatch import (REGISTRY, Blocking, Kernel, choose_kernel, choose_layout,
+                            get_kernel)
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
 
@@ -193,14 +195,19 @@ def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
-         num_threads, inputs: tuple):
-    """Validate x/out against (n, k) and run ``kern``; returns the output array."""
+         num_threads, inputs: tuple, blocking: Blocking | None = None):
+    """Validate x/out against (n, k) and run ``kern`` (cut as ``blocking``
+    says, or by its default); returns the output array."""
     x = _check_array("x", x)
     if x.ndim < 1:
         raise ValueError("x: expected shape (..., K), got a 0-d array")
     if x.shape[-1] != k:
         raise ValueError(f"x: expected last dimension K={k} (from w), got shape {x.shape}")
     code = dtype_code(x.dtype)
+    if blocking is not None and not isinstance(blocking, Blocking):
+        raise TypeError(f"blocking: expected a qkern.dispatch.Blocking or None, "
+                        f"got {type(blocking).__name__}")
+    cut = None if blocking is None else astuple(blocking.check(kern.kind))
     threads = _cpu.threads_for_call(_check_threads(num_threads))
     shape = x.shape[:-1] + (n,)
     if out is None:
@@ -215,7 +222,7 @@ def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
         y_r0 = y if r0 == 0 else np.lib.stride_tricks.as_strided(y, (m, n),
                                                                  (y_stride, y.itemsize))[r0:]
         _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, w_packed, scale_f32,
-                  bias_f32, y_r0, y_stride, threads)
+                  bias_f32, y_r0, y_stride, threads, cut)
         del xs  # a block copy is freed before the next is made
     _warn_thread_notices()
     return y
@@ -358,10 +365,14 @@ class WoqLinear:
         """The int8 ``(N, K)`` weight, unpacked (a new array)."""
         return _unpack(self._packed, *self.shape, self.layout)
 
-    def __call__(self, x, *, out=None, num_threads=None):
+    def __call__(self, x, *, out=None, num_threads=None, blocking=None):
         """Apply the layer to ``x`` of shape ``(..., K)`` and dtype :attr:`dtype`.
 
         ``out`` and ``num_threads`` are as in :func:`weight_int8pack_mm`.
+        ``blocking`` (a :class:`qkern.dispatch.Blocking`) cuts the call
+        other than the kernel's default (:attr:`Kernel.blocking`), for
+        tuning; every valid blocking gives the same bits, and one the
+        kernel cannot take raises :class:`ValueError`.
         """
         x = _check_array("x", x)
         if x.dtype != self.dtype:
@@ -369,7 +380,7 @@ class WoqLinear:
         m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self.shape
         return _run(self.kernel_for(m), x, self._packed, n, k, self._scale_f32, self._bias_f32,
-                    out, num_threads, ())
+                    out, num_threads, (), blocking)
 
     def __getstate__(self) -> dict:
         """The layer as pickled: the unpacked weight, scales, bias, forced kernel."""

@@ -25,5 +25,5 @@ scale = _padded_f32(np.ones(N, np.float32), kern.nr)
 y = np.empty(M * N - 1, np.float32)
 print(f"oob_canary: {kern.name} writes {M}x{N} float32 into {y.size} elements", flush=True)
 _woq.gemm(kern.index, x, M, N, K, dtype_code(x.dtype), K * 4, None, packed, scale, None, y, N * 4,
-          1)
+          1, None)
 print("oob_canary: the write past the end went unreported", flush=True)

@@ -8,11 +8,13 @@ nothing outside it touched).  The bound is derived in tests/reference.py.
 """
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import qkern
+from qkern import _woq
 from conftest import kernel_params
 from reference import DTYPES, assert_woq_close
 
@@ -206,3 +208,50 @@ def test_packed_x_blocks(kern):
         assert_woq_close(y, x, w, s, b, daz=kern.flushes_subnormals, planes=kern.planes(dtype))
         assert np.array_equal(y.view(np.uint8), layer(x, num_threads=1).view(np.uint8))
         assert np.array_equal(y[-37:].view(np.uint8), layer(x[-37:]).view(np.uint8))
+
+
+def _blockings(kern) -> list:
+    """Cuts that move every boundary: one row or one 32-row group per task,
+    one panel per chunk (chunk_bytes = 1), all panels in one chunk, the
+    smallest K block, and a thread for every multiply-add."""
+    d = kern.blocking
+    if kern.kind == "kblock":
+        return [replace(d, rows=32, k_block=32), replace(d, rows=64, k_block=64, chunk_bytes=1),
+                replace(d, k_block=2048, chunk_bytes=1 << 30, min_macs_per_thread=1)]
+    return [replace(d, rows=1, chunk_bytes=1), replace(d, rows=kern.mr + 1, min_macs_per_thread=1),
+            replace(d, rows=1 << 20, chunk_bytes=1 << 30)]
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_every_blocking_gives_the_same_bits(kern):
+    """Blocking is data (include/qkern/woq.h): a tuner may cut a call in any
+    valid way, and no cut changes a bit of the result, whatever the threads."""
+    rng = np.random.default_rng(12)
+    for dtype in (d for d in DTYPES if d.name in kern.dtypes):
+        x, w, s, b = _data(rng, 2 * kern.mr + 35, 3 * kern.nr + 5, 2 * 32 + 7, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        want = layer(x, num_threads=1).view(np.uint8)
+        for blocking, threads in itertools.product(_blockings(kern), (1, 2)):
+            y = _run_poisoned(layer, x, w.shape[0], num_threads=threads, blocking=blocking)
+            assert np.array_equal(y.view(np.uint8), want), (blocking, threads)
+
+
+@pytest.mark.parametrize("kern", kernel_params())
+def test_blocking_the_kernel_cannot_take_is_refused(kern):
+    d = kern.blocking
+    bad = [replace(d, rows=0), replace(d, chunk_bytes=0), replace(d, min_macs_per_thread=0),
+           replace(d, rows=-1), replace(d, chunk_bytes=2**32)]
+    bad += ([replace(d, rows=33), replace(d, k_block=48), replace(d, k_block=0)]
+            if kern.kind == "kblock" else [replace(d, k_block=32)])
+    layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, np.float32), kernel=kern.name)
+    x = np.ones((2, 5), np.float32)
+    for blocking in bad:
+        with pytest.raises(ValueError, match="blocking"):
+            layer(x, blocking=blocking)
+    with pytest.raises(TypeError, match="blocking"):
+        layer(x, blocking=(256, 1, 0, 1))
+    # the driver itself refuses what Python would (the thin layer checks nothing)
+    y = np.empty((2, 3), np.float32)
+    with pytest.raises(ValueError, match="refused"):
+        _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer._packed, layer._scale_f32, None,
+                  y, 12, 1, (33, 1, 48, 1) if kern.kind == "kblock" else (1, 1, 32, 1))

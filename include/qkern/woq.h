@@ -145,6 +145,27 @@ enum {
   QK_TRAIT_SPLITS_X = 1u << 1
 };
 
+/*
+ * How qk_woq_gemm() cuts a problem into tasks (woq_driver.c).  Every valid
+ * blocking gives the same bits (each output is one sum over K in a fixed
+ * order whatever the blocking), so a tuner may choose one per shape; each
+ * registry entry carries its default.
+ *
+ *   rows         rows of x per task; for a K-block kernel, rows packed at
+ *                once (a multiple of 32)
+ *   chunk_bytes  packed-weight bytes per chunk of columns: as many whole
+ *                panels as fit, at least one; for a K-block kernel, the
+ *                bytes of one K block of the chunk (k_block * nr per panel)
+ *   k_block      K-block kernels: k per K block (a multiple of 32); other
+ *                kernels take all of K in one call: 0
+ *   min_macs_per_thread
+ *                multiply-adds below which one more thread costs more than
+ *                it saves: a call starts at most 1 + M*N*K / this threads
+ */
+typedef struct qk_woq_blocking {
+  uint32_t rows, chunk_bytes, k_block, min_macs_per_thread;
+} qk_woq_blocking;
+
 /* One registry entry: the single source of truth for dispatch, tests,
  * qkern.kernels(), the benchmark's roofline and the docs.  Every kernel of
  * one (nr, kr) reads the same packed bytes, so qk_woq_pack() serves them
@@ -163,6 +184,7 @@ typedef struct qk_woq_kernel {
   uint32_t traits;          /* QK_TRAIT_* bits */
   const char* bound_by;     /* the instruction whose peak bounds its compute:
                                a qk_peak_loops name (qkern/roofline.h) */
+  qk_woq_blocking blocking; /* the default */
   qk_woq_ukernel_fn fn;     /* QK_WOQ_PANELS, QK_WOQ_UNPACKED */
   qk_woq_widen_fn widen;    /* NULL: the kernel reads the packed int8 panels */
   qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x (layout above) */
@@ -194,9 +216,10 @@ void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr
                            int8_t* out);
 
 /*
- * Runs kernel `kern` over the whole problem with OpenMP threads (returns
- * QK_ERR_NOMEM if a buffer -- widened panels, packed x, f32 sums -- cannot
- * be allocated; nothing is written then).
+ * Runs kernel `kern` over the whole problem, cut as `blocking` says (NULL:
+ * the kernel's default; QK_ERR_ARG if it breaks a rule above), with OpenMP
+ * threads (returns QK_ERR_NOMEM if a buffer -- widened panels, packed x,
+ * f32 sums -- cannot be allocated; nothing is written then).
  * Row m of x is at x + (x_offsets ? x_offsets[m] : m * x_stride) bytes.
  * Threads split N (and, except for K-block kernels, M for large M); every
  * output element is computed by one thread, in one kernel call over the
@@ -206,11 +229,10 @@ void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr
  * qkern/threads.h, first).  Each thread runs under the floating-point
  * environment of qkern/fpenv.h.  Returns QK_OK or an error code.
  */
-int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
-                qk_dtype dt, const char* x, int64_t x_stride,
-                const int64_t* x_offsets, const int8_t* packed,
-                const float* scale, const float* bias, char* y,
-                int64_t y_stride, int num_threads);
+int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
+                const int64_t* x_offsets, const int8_t* packed, const float* scale,
+                const float* bias, char* y, int64_t y_stride, int num_threads);
 
 #ifdef __cplusplus
 }

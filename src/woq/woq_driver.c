@@ -2,24 +2,27 @@
  * woq_driver.c -- blocking and threading around a WoQ micro-kernel.
  * Portable C with OpenMP, baseline flags.
  *
- * Work is cut into tasks of (MC rows) x (a chunk of whole nr-panels sized to
- * stay in L2); OpenMP spreads tasks over threads.  Within a task the weight
- * chunk is streamed once from memory and reused from L2 by every MR-row step.
- * Each output element is produced by exactly one micro-kernel call over all
- * of K (K-block kernels, below: by one thread's calls over the K blocks in
- * order), so the bits of y never depend on the number of threads.  For a
- * kernel with a widen function, each thread widens its task's chunk once
- * into its own buffer, which every MR-row step then reads from L2.
+ * Work is cut as a qk_woq_blocking says (qkern/woq.h; the kernel's default
+ * unless the caller passes one): tasks of `rows` rows times a chunk of
+ * whole nr-panels of about `chunk_bytes` (L2-sized by default); OpenMP
+ * spreads tasks over threads.  Within a task the weight chunk is streamed
+ * once from memory and reused from L2 by every MR-row step.  Each output
+ * element is produced by exactly one micro-kernel call over all of K
+ * (K-block kernels, below: by one thread's calls over the K blocks in
+ * order), so the bits of y never depend on the number of threads, nor on
+ * the blocking.  For a kernel with a widen function, each thread widens its
+ * task's chunk once into its own buffer, which every MR-row step then reads
+ * from L2.
  *
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
- * each block of up to 2048 rows are packed first (by all threads, a row
- * each) into one shared buffer; a task is then that row block times a chunk
- * of 256 columns (threads split the chunks, never the rows), walked in
- * blocks of 1024 k: the chunk's B for one K block (widened: 512 KiB) stays
- * in L2 while every 32-row step of the row block
- * adds its products into the thread's f32 sums (one K block at a time, in
- * order, so each output is still one sum over K in a fixed order), and the
- * last K block writes y.
+ * each block of `rows` rows (2048 by default) are packed first (by all
+ * threads, a row each) into one shared buffer; a task is then that row
+ * block times a chunk of columns (8 panels, 256 columns, by default;
+ * threads split the chunks, never the rows), walked in blocks of `k_block`
+ * k (1024): the chunk's B for one K block (widened: 512 KiB) stays in L2
+ * while every 32-row step of the row block adds its products into the
+ * thread's f32 sums (one K block at a time, in order, so each output is
+ * still one sum over K in a fixed order), and the last K block writes y.
  *
  * Every thread runs its share under the floating-point environment of
  * qkern/fpenv.h, whatever its caller set.
@@ -34,15 +37,6 @@
 #include "qkern/woq.h"
 
 #define QK_MAX_MR 32
-#define QK_MC 256                      /* rows per task */
-#define QK_CHUNK_BYTES (256u * 1024u)  /* packed weight bytes per task */
-/* Kernels on packed x: rows per task, columns per chunk, k per K block. */
-#define QK_MC_PACKED_X 2048
-#define QK_KBLOCK_COLS 256
-#define QK_KBLOCK_K 1024
-/* Multiply-adds below which one more thread costs more (waking it, the
- * barrier; on a loaded machine a scheduler tick) than it saves. */
-#define QK_MIN_MACS_PER_THREAD (1u << 20)
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -63,6 +57,7 @@ size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt) {
 typedef struct plan {
   const qk_woq_kernel* kern;
   size_t m, n, k, nr, panel_bytes, panels_per_chunk, esize;
+  size_t rows, k_block; /* from the blocking (qkern/woq.h) */
   size_t full_panels, full_chunks, n_chunks; /* n_chunks: + 1 for a partial panel */
   size_t x_group_bytes; /* packed x: bytes per 32-row group; 0: x as is */
   qk_dtype dt;
@@ -122,8 +117,8 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end,
   const int8_t* chunk = chunk_panels(p, nb, &n0, &nc);
   const size_t panels = ceil_div(nc, p->nr), ld = panels * p->nr;
   const size_t x_chunk = packed_x_chunk_size(p->dt);
-  for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += QK_KBLOCK_K) {
-    const size_t kc = p->k - k0 < QK_KBLOCK_K ? p->k - k0 : QK_KBLOCK_K;
+  for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += p->k_block) {
+    const size_t kc = p->k - k0 < p->k_block ? p->k - k0 : p->k_block;
     const int8_t* w = chunk + k0 * p->nr; /* the block's first k-group in the first panel */
     size_t w_stride = p->panel_bytes;
     if (wide) {
@@ -143,17 +138,26 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end,
   }
 }
 
-int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
-                qk_dtype dt, const char* x, int64_t x_stride,
-                const int64_t* x_offsets, const int8_t* packed,
-                const float* scale, const float* bias, char* y,
-                int64_t y_stride, int num_threads) {
+/* Whether blocking b follows the rules of qkern/woq.h for a kernel of
+ * this kind. */
+static int blocking_valid(const qk_woq_blocking* b, int packing_x) {
+  if (b->rows == 0 || b->chunk_bytes == 0 || b->min_macs_per_thread == 0) return 0;
+  return packing_x ? b->rows % 32 == 0 && b->k_block >= 32 && b->k_block % 32 == 0
+                   : b->k_block == 0;
+}
+
+int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
+                const int64_t* x_offsets, const int8_t* packed, const float* scale,
+                const float* bias, char* y, int64_t y_stride, int num_threads) {
   const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
+  if (kern && !blocking) blocking = &kern->blocking;
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
       kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
       (packing_x ? !kern->pack_x || !kern->kblock || kern->mr != 32 || kern->nr != 32 ||
                        kern->kr != 2
-                 : !kern->fn))
+                 : !kern->fn) ||
+      !blocking_valid(blocking, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
 
@@ -163,15 +167,15 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
             .full_panels = n / kern->nr,
             .x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
             .dt = dt, .packed = packed, .scale = scale, .bias = bias, .y = y,
-            .y_stride = y_stride};
+            .y_stride = y_stride, .rows = blocking->rows, .k_block = blocking->k_block};
   if (packing_x)
-    p.panels_per_chunk = QK_KBLOCK_COLS / p.nr;
+    p.panels_per_chunk = blocking->chunk_bytes / (p.k_block * p.nr);
   else
-    p.panels_per_chunk = p.panel_bytes ? QK_CHUNK_BYTES / p.panel_bytes : p.full_panels;
+    p.panels_per_chunk = p.panel_bytes ? blocking->chunk_bytes / p.panel_bytes : p.full_panels;
   if (p.panels_per_chunk == 0) p.panels_per_chunk = 1;
   p.full_chunks = ceil_div(p.full_panels, p.panels_per_chunk);
   p.n_chunks = p.full_chunks + (n % p.nr != 0);
-  const size_t mc = packing_x ? QK_MC_PACKED_X : QK_MC;
+  const size_t mc = p.rows;
   const size_t m_blocks = ceil_div(m, mc);
   const size_t tasks = p.n_chunks * m_blocks;
 
@@ -183,15 +187,15 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
   const size_t most_parallel = packing_x ? p.n_chunks : tasks;
   if ((size_t)threads > most_parallel) threads = (int)most_parallel;
   const double macs = (double)m * (double)n * (double)(k ? k : 1);
-  if ((double)threads * QK_MIN_MACS_PER_THREAD > macs)
-    threads = (int)(macs / QK_MIN_MACS_PER_THREAD) + 1;
+  if ((double)threads * blocking->min_macs_per_thread > macs)
+    threads = (int)(macs / blocking->min_macs_per_thread) + 1;
 
   /* Buffers (the partial last panel padded, widened panels and f32 sums per
    * thread, packed x of one row block) are allocated before any output is
    * written.  The packed weight holds a partial last panel as plain rows
    * (include/qkern/woq.h); the kernels read it padded to a whole panel. */
   const int widening = kern->widen && k > 0;
-  const size_t wide_k = packing_x && k > QK_KBLOCK_K ? QK_KBLOCK_K : k;
+  const size_t wide_k = packing_x && k > p.k_block ? p.k_block : k;
   const size_t wide_stride =
       widening
           ? (p.panels_per_chunk * qk_woq_widened_panel_size(wide_k, p.nr, kern->kr) + 63) / 64 * 64
@@ -231,8 +235,8 @@ int qk_woq_gemm(const qk_woq_kernel* kern, size_t m, size_t n, size_t k,
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
         const size_t mb = t / p.n_chunks;
-        const size_t m_end = (mb + 1) * QK_MC < m ? (mb + 1) * QK_MC : m;
-        run_task(&p, t % p.n_chunks, mb * QK_MC, m_end, x, x_stride, x_offsets, wide);
+        const size_t m_end = (mb + 1) * mc < m ? (mb + 1) * mc : m;
+        run_task(&p, t % p.n_chunks, mb * mc, m_end, x, x_stride, x_offsets, wide);
       }
     } else {
       /* Row blocks in turn: pack the block's rows, then run its chunks; the

@@ -15,42 +15,48 @@
 #define INT8 QK_WOQ_INT8_PER_CHANNEL, 0 /* format, group size (all of K) */
 #define FLUSHES QK_TRAIT_FLUSHES_SUBNORMALS
 #define SPLITS QK_TRAIT_SPLITS_X
+/* Default blockings (include/qkern/woq.h): a task of 256 rows times 256 KiB
+ * of packed panels, L2-sized; the K-block kernels pack 2048 rows at once
+ * and walk K in blocks of 1024 over chunks of 8 panels (256 KiB of int8,
+ * 512 KiB widened); a thread per 2^20 multiply-adds at most. */
+#define PANELS_BLOCKING {256, 256u << 10, 0, 1u << 20}
+#define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20}
 
 /* The portable kernels are held to the AVX2 FMA peak, the least a machine
  * that measures a roofline has. */
 const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_gemm_4x16c1__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 16, 1, ALL, INT8, 0,
-     "vfmadd231ps ymm", .fn = qk_woq_f32_gemm_ukernel_4x16c1__ref},
+     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__ref},
     {"f32_gemm_4x32c2__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 32, 2, ALL, INT8, 0,
-     "vfmadd231ps ymm", .fn = qk_woq_f32_gemm_ukernel_4x32c2__ref},
+     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__ref},
     {"f32_gemm_4x1c0__ref", QK_WOQ_UNPACKED, QK_ISA_REF, 4, 1, 0, ALL, INT8, 0,
-     "vfmadd231ps ymm", .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
+     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
 #ifdef QKERN_HAVE_AVX2
     {"f32_gemm_1x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 1, 16, 1, ALL, INT8, 0,
-     "vfmadd231ps ymm", .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2},
+     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2},
     {"f32_gemm_4x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 4, 16, 1, ALL, INT8, 0,
-     "vfmadd231ps ymm", .fn = qk_woq_f32_gemm_ukernel_4x16c1__avx2},
+     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__avx2},
 #endif
 #ifdef QKERN_HAVE_AVX512
     {"f32_gemm_1x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 1, 32, 2, ALL, INT8, 0,
-     "vfmadd231ps zmm", .fn = qk_woq_f32_gemm_ukernel_1x32c2__avx512},
+     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x32c2__avx512},
     {"f32_gemm_4x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 4, 32, 2, ALL, INT8, 0,
-     "vfmadd231ps zmm", .fn = qk_woq_f32_gemm_ukernel_4x32c2__avx512},
+     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__avx512},
     {"f32_gemv_4x1c0__avx512", QK_WOQ_UNPACKED, QK_ISA_AVX512, 4, 1, 0, ALL, INT8, 0,
-     "vfmadd231ps zmm", .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx512},
+     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx512},
 #endif
 #ifdef QKERN_HAVE_AVX512_BF16
     {"bf16_gemm_1x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 1, 32, 2, BF16, INT8,
-     FLUSHES, "vdpbf16ps zmm", .fn = qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16},
+     FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16},
     {"bf16_gemm_8x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 2, BF16, INT8,
-     FLUSHES, "vdpbf16ps zmm", .fn = qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16},
+     FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16},
 #endif
 #ifdef QKERN_HAVE_AMX
     {"bf16_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8,
-     FLUSHES | SPLITS, "tdpbf16ps", .pack_x = qk_woq_pack_x__avx512,
+     FLUSHES | SPLITS, "tdpbf16ps", KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
      .kblock = qk_woq_bf16_gemm_kblock_32x32c2__amx},
     {"bf16w_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8,
-     FLUSHES | SPLITS, "tdpbf16ps", .widen = qk_woq_widen_x32c2__avx512,
+     FLUSHES | SPLITS, "tdpbf16ps", KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c2__avx512,
      .pack_x = qk_woq_pack_x__avx512, .kblock = qk_woq_bf16w_gemm_kblock_32x32c2__amx},
 #endif
 };
