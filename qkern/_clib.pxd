@@ -29,6 +29,13 @@ cdef extern from "qkern/threads.h":
     int qk_threads_take_notice() nogil
 
 
+cdef extern from "qkern/fpenv.h":
+    ctypedef unsigned int qk_fpenv
+
+    qk_fpenv qk_fpenv_enter() nogil
+    void qk_fpenv_leave(qk_fpenv saved) nogil
+
+
 cdef extern from "qkern/woq.h":
     ctypedef enum qk_dtype:
         QK_F32

@@ -10,7 +10,7 @@ from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBN
                           QK_TRAIT_SPLITS_X, QK_WOQ_INT8_PER_CHANNEL, QK_WOQ_KBLOCK,
                           QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype, qk_woq_blocking, qk_woq_gemm,
                           qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
-                          qk_woq_packed_size)
+                          qk_woq_packed_size, qk_fpenv, qk_fpenv_enter, qk_fpenv_leave)
 
 cnp.import_array()
 
@@ -109,3 +109,49 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
                          f"blocking {blocking}")
     if status != QK_OK:
         raise RuntimeError(f"qk_woq_gemm({kern.name.decode()}) failed with status {status}")
+
+
+def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dtype,
+            const int8_t[::1] panels, const float[::1] scale, const float[::1] bias,
+            cnp.ndarray c, int64_t c_stride):
+    """Call the micro-kernel of registry entry ``index`` once, as the driver
+    would: rows 0 .. mr-1 of the 2-D ``x`` (unit stride along K, any row
+    stride) times ``nc`` columns of whole packed ``panels``, into ``c``
+    (rows ``c_stride`` bytes apart), under the kernels' floating-point
+    environment.  The kernel tester's entry point: no driver in between.
+
+    ``panels``, ``scale`` and ``bias`` must hold ``nc`` columns of whole
+    panels, ``1 <= mr <= MR`` and ``nc >= 1`` (ValueError otherwise); ``c``
+    is not checked.  A K-block kernel has no single-call micro-kernel
+    (ValueError): it runs through :func:`gemm`, whose blockings cut its
+    calls.
+    """
+    if index >= qk_woq_num_kernels:
+        raise IndexError("no such kernel")
+    cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
+    name = kern.name.decode()
+    if kern.fn == NULL or kern.widen != NULL:
+        raise ValueError(f"{name}: no single-call micro-kernel on packed panels; use gemm")
+    if not 1 <= mr <= min(kern.mr, 32) or nc == 0:
+        raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr} and nc >= 1, got {mr}, {nc}")
+    if (x.ndim != 2 or <size_t>x.shape[0] < mr or <size_t>x.shape[1] < kc
+            or (kc > 1 and x.strides[1] != x.itemsize)):
+        raise ValueError(f"x: expected {mr} rows of {kc} unit-stride elements, got shape "
+                         f"{(<object>x).shape}, strides {(<object>x).strides}")
+    cdef size_t n_padded = (nc + kern.nr - 1) // kern.nr * kern.nr
+    _check_holds("panels", panels.shape[0], qk_woq_packed_size(n_padded, kc, kern.nr, kern.kr))
+    _check_holds("scale", scale.shape[0], n_padded)
+    cdef const float* bp = NULL
+    if bias is not None:
+        _check_holds("bias", bias.shape[0], n_padded)
+        bp = &bias[0]
+    cdef const void* rows[32]
+    cdef size_t i
+    for i in range(mr):
+        rows[i] = <const char*>cnp.PyArray_DATA(x) + i * x.strides[0]
+    cdef void* cp = cnp.PyArray_DATA(c)
+    cdef qk_fpenv saved
+    with nogil:
+        saved = qk_fpenv_enter()
+        kern.fn(mr, nc, kc, rows, <qk_dtype>dtype, &panels[0], &scale[0], bp, cp, c_stride)
+        qk_fpenv_leave(saved)

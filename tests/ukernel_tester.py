@@ -1,0 +1,114 @@
+"""An XNNPACK-style tester of one micro-kernel call, with no driver between.
+
+    GemmTester(kern).m(3).n(17).k(5).a_stride(9).test()
+
+packs a random int8 weight into the kernel's panels, calls the kernel once
+through ``qkern._woq.ukernel`` on rows of ``x`` ``a_stride`` elements apart,
+into a poisoned output whose rows are ``c_stride`` elements apart, and
+checks every output element against the float64 reference
+(tests/reference.py) and that nothing around the output was written.
+``mr()``, ``nr()`` and ``kr()`` state the tile a sweep is written for and
+must match the kernel's.
+"""
+
+import numpy as np
+
+from qkern import _woq
+from qkern._dtypes import dtype_code
+from reference import assert_woq_close
+
+POISON = np.nan
+
+
+class GemmTester:
+    """One call of a ``panels`` or ``unpacked`` kernel (see the module docstring)."""
+
+    def __init__(self, kern):
+        self.kern = kern
+        self._tile = (kern.mr, kern.nr, kern.kr)
+        self._m, self._n, self._k = kern.mr, kern.nr, max(kern.kr, 1)
+        self._a_stride = self._c_stride = None
+        self._dtype = np.dtype(np.float32)
+        self._bias = True
+        self._seed = 0
+
+    def _set(self, name, value):
+        setattr(self, name, value)
+        return self
+
+    def mr(self, v):
+        """The kernel's MR, as the sweep expects it."""
+        return self._set("_tile", (v,) + self._tile[1:])
+
+    def nr(self, v):
+        """The kernel's NR, as the sweep expects it."""
+        return self._set("_tile", self._tile[:1] + (v,) + self._tile[2:])
+
+    def kr(self, v):
+        """The kernel's KR, as the sweep expects it."""
+        return self._set("_tile", self._tile[:2] + (v,))
+
+    def m(self, v):
+        """Rows of x (1 .. MR)."""
+        return self._set("_m", v)
+
+    def n(self, v):
+        """Columns (any number of panels, the last one partial)."""
+        return self._set("_n", v)
+
+    def k(self, v):
+        """k values (any, 0 included)."""
+        return self._set("_k", v)
+
+    def a_stride(self, v):
+        """Elements between rows of x (>= k; default k)."""
+        return self._set("_a_stride", v)
+
+    def c_stride(self, v):
+        """Elements between rows of the output (>= n; default n)."""
+        return self._set("_c_stride", v)
+
+    def dtype(self, v):
+        """Activation (and output) dtype."""
+        return self._set("_dtype", np.dtype(v))
+
+    def bias(self, v):
+        """Whether to pass a bias."""
+        return self._set("_bias", bool(v))
+
+    def seed(self, v):
+        """Random seed of the data."""
+        return self._set("_seed", v)
+
+    def test(self):
+        """Run the call and check it; AssertionError on any difference."""
+        kern, m, n, k = self.kern, self._m, self._n, self._k
+        assert self._tile == (kern.mr, kern.nr, kern.kr), (self._tile, kern.name)
+        a_stride, c_stride = self._a_stride or k, self._c_stride or n
+        rng = np.random.default_rng(self._seed)
+        x = (rng.standard_normal((m, max(a_stride, 1))) * 4).astype(self._dtype)[:, :k]
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        s = rng.uniform(0.001, 0.02, n).astype(self._dtype)
+        b = rng.standard_normal(n).astype(self._dtype) if self._bias else None
+        n_padded = -(-n // kern.nr) * kern.nr
+        w_panels = np.zeros((n_padded, k), np.int8)
+        w_panels[:n] = w
+        panels = np.empty(_woq.packed_size(n_padded, k, kern.nr, kern.kr), np.int8)
+        _woq.pack(w_panels, kern.nr, kern.kr, panels)
+        scale = np.zeros(n_padded, np.float32)
+        scale[:n] = s
+        bias = None
+        if b is not None:
+            bias = np.zeros(n_padded, np.float32)
+            bias[:n] = b
+        big = np.full((m + 2, c_stride + 8), POISON, self._dtype)
+        c = big[1:1 + m, 3:3 + c_stride]
+        _woq.ukernel(kern.index, m, n, k, x, dtype_code(self._dtype), panels, scale, bias, c,
+                     c.strides[0])
+        y = c[:, :n]
+        outside = big.astype(np.float64)
+        outside[1:1 + m, 3:3 + n] = np.nan
+        assert np.isnan(outside).all(), f"{kern.name} wrote outside its output"
+        assert not np.isnan(y.astype(np.float64)).any(), f"{kern.name} left an output unwritten"
+        assert_woq_close(y, x, w, s, b, daz=kern.flushes_subnormals,
+                         planes=kern.planes(self._dtype))
