@@ -1,29 +1,16 @@
 /* peak-tdpbf16ps-amx.c -- four independent tdpbf16ps (16x32 bf16 A, 16 k-pair
  * x 16 B, 16x16 f32 C) per iteration, operands resident in tiles. */
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
+#include <stddef.h>
 
-#define QK_MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+#include "../amx/tilecfg-amx.h"
 
 float qk_peak_loop_tdpbf16ps__amx(size_t iters) {
-  struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  } cfg __attribute__((aligned(64)));
+  static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 0, 0}; /* C0-C3, A, B */
   uint16_t ab[16][32] __attribute__((aligned(64)));
   float c[16][16] __attribute__((aligned(64)));
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
-  for (int t = 0; t < 6; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
   for (int i = 0; i < 16; i++)
     for (int j = 0; j < 32; j++) ab[i][j] = 0x3a83; /* 1e-3 in bf16 */
-  QK_MEMORY_BARRIER();
-  _tile_loadconfig(&cfg);
+  qk_tile_config_load(rows);
   _tile_loadd(4, ab, 64);
   _tile_loadd(5, ab, 64);
   _tile_zero(0);

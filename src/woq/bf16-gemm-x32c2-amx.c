@@ -36,6 +36,7 @@
  */
 #include <string.h>
 
+#include "../amx/tilecfg-amx.h"
 #include "io-avx512.h"
 #include "ukernel-define.h"
 
@@ -49,35 +50,16 @@
 #define TILE_B0 6 /* columns 0..15 */
 #define TILE_B1 7 /* columns 16..31 */
 
-/* GCC's AMX intrinsics do not declare the memory that ldtilecfg and
- * tileloadd read or tilestored writes, so a compiler barrier orders the
- * plain loads and stores around them. */
-#define QK_MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
-
-/* Palette-1 tile configuration (64 bytes, Intel SDM LDTILECFG). */
-typedef struct qk_tilecfg {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} qk_tilecfg;
-_Static_assert(sizeof(qk_tilecfg) == 64, "LDTILECFG reads 64 bytes");
-
 /* A and C tiles of the first half hold min(mr, 16) rows, of the second
  * mr - 16 (1 when unused); every tile row is 64 bytes. */
 QK_INLINE void load_tile_config(size_t mr) {
-  qk_tilecfg cfg __attribute__((aligned(64)));
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
+  uint8_t rows[8];
   const uint8_t rows0 = (uint8_t)(mr < 16 ? mr : 16);
   const uint8_t rows1 = (uint8_t)(mr > 16 ? mr - 16 : 1);
-  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64;
-  cfg.rows[TILE_C00] = cfg.rows[TILE_C01] = cfg.rows[TILE_A0] = rows0;
-  cfg.rows[TILE_C10] = cfg.rows[TILE_C11] = cfg.rows[TILE_A1] = rows1;
-  cfg.rows[TILE_B0] = cfg.rows[TILE_B1] = 16;
-  QK_MEMORY_BARRIER();
-  _tile_loadconfig(&cfg);
+  rows[TILE_C00] = rows[TILE_C01] = rows[TILE_A0] = rows0;
+  rows[TILE_C10] = rows[TILE_C11] = rows[TILE_A1] = rows1;
+  rows[TILE_B0] = rows[TILE_B1] = 16;
+  qk_tile_config_load(rows);
 }
 
 /* `groups` (<= 16) k-groups of 64 int8 -> rows of the two B tiles. */
