@@ -14,11 +14,56 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ConvGeometry", "Epilogue", "epilogue_constants", "geometry", "pair", "padding_pairs"]
+__all__ = ["ConvGeometry", "Epilogue", "as_float", "epilogue_constants", "geometry", "pair",
+           "padding_pairs"]
+
+
+def as_float(name: str, v, expected: str = "a float") -> float:
+    """A real number (not a bool) as a Python float: the type check of a scale argument.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the message.
+    v : int, float, numpy.integer or numpy.floating
+        The value.
+    expected : str
+        What the message says was expected.
+
+    Returns
+    -------
+    float
+        ``float(v)``.
+
+    Raises
+    ------
+    TypeError
+        ``v`` is a bool or not a real number.
+    """
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected {expected}, got {type(v).__name__}")
+    return float(v)
 
 
 def pair(name: str, v) -> tuple[int, int]:
-    """``v`` (an int or a pair of ints) as a pair of Python ints; TypeError otherwise."""
+    """``v``, an int or a pair of ints, as a pair of Python ints.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the message.
+    v : int or (int, int)
+        Not a bool.
+
+    Returns
+    -------
+    (int, int)
+
+    Raises
+    ------
+    TypeError
+        ``v`` is not an int or a pair of ints.
+    """
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {v!r}")
     if isinstance(v, (int, np.integer)):
@@ -33,7 +78,26 @@ def pair(name: str, v) -> tuple[int, int]:
 
 
 def padding_pairs(v) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Padding given as ``p``, ``(ph, pw)`` or ``((top, bottom), (left, right))``, in the last form."""
+    """Padding given as ``p``, ``(ph, pw)`` or ``((top, bottom), (left, right))``, in the last form.
+
+    Parameters
+    ----------
+    v : int, (int, int) or ((int, int), (int, int))
+        The same on every side, ``(ph, pw)`` on both sides of each axis, or
+        each side.
+
+    Returns
+    -------
+    ((int, int), (int, int))
+        ``((top, bottom), (left, right))``.
+
+    Raises
+    ------
+    TypeError
+        ``v`` has none of these forms.
+    ValueError
+        A negative value.
+    """
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(e, (tuple, list)) for e in v):
         (t, b), (l, r) = pair("padding", v[0]), pair("padding", v[1])
     else:
@@ -104,6 +168,19 @@ class ConvGeometry:
 def geometry(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1) -> ConvGeometry:
     """Validate and normalise the geometry of ``x`` (NHWC) and ``w`` (OHWI).
 
+    Parameters
+    ----------
+    x_shape : tuple of int
+        ``(N, H, W, C)``.
+    w_shape : tuple of int
+        ``(O, kh, kw, C/groups)``.
+    stride, padding, dilation, groups
+        As in :func:`qkern.qconv2d`.
+
+    Returns
+    -------
+    ConvGeometry
+
     Raises
     ------
     TypeError
@@ -171,8 +248,7 @@ class Epilogue:
 
 
 def _positive_scale(name: str, v) -> np.float32:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a float, got {type(v).__name__}")
+    as_float(name, v)
     f = np.float32(v)
     if not (math.isfinite(f) and f > 0):
         raise ValueError(f"{name}: expected a finite float > 0 (as float32), got {v!r}")

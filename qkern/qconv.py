@@ -5,6 +5,11 @@ with ``__cuda_array_interface__`` or ``__dlpack__`` that is not a NumPy
 array) run one cuDNN graph (:mod:`qkern.cudnn`), imported only then.  Both
 compute docs/qconv2d.rst's semantics from the same fp32 constants
 (:func:`qkern._conv_spec.epilogue_constants`).
+
+The argument helpers of that shared spec that layers above qkern (such as
+:mod:`qkern.torch`) call too are public here: :func:`as_float`,
+:func:`pair`, :func:`padding_pairs`, :func:`geometry` and
+:func:`epilogue_constants`.
 """
 
 from __future__ import annotations
@@ -12,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from qkern import _conv_cpu
-from qkern._conv_spec import epilogue_constants, geometry
+from qkern._conv_spec import as_float, epilogue_constants, geometry, pair, padding_pairs
 
-__all__ = ["qconv2d"]
+__all__ = ["as_float", "epilogue_constants", "geometry", "pair", "padding_pairs", "qconv2d"]
 
 
 def _is_device_array(a) -> bool:

@@ -1,0 +1,231 @@
+"""``WoqLinear``, an ``nn.Linear`` with int8 weights packed once; its op ``qkern::woq_linear``.
+
+Also :func:`swap_linears`, which puts it in place of the ``nn.Linear`` layers of a model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+import qkern
+from qkern.torch._checks import check_x
+from qkern.torch._interop import TORCH_DTYPES, as_numpy, from_numpy, run_into
+from qkern.torch._quantization import quantize_per_channel
+from qkern.torch._registry import LiveRegistry
+
+__all__ = ["WoqLinear", "swap_linears"]
+
+# The packed layers of live WoqLinear modules.
+_LAYERS = LiveRegistry("qkern::woq_linear", "qkern.torch.WoqLinear", "woq")
+
+
+@torch.library.custom_op("qkern::woq_linear", mutates_args=())
+def _woq_linear_op(x: torch.Tensor, layer: str) -> torch.Tensor:
+    lin = _LAYERS[layer]
+    check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
+    return run_into(lin, x, lin.shape[0])
+
+
+@_woq_linear_op.register_fake
+def _(x, layer):
+    lin = _LAYERS[layer]
+    check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
+    return x.new_empty(x.shape[:-1] + (lin.shape[0],))
+
+
+class WoqLinear(nn.Module):
+    """``nn.Linear`` with int8 weights, computed by a packed :class:`qkern.WoqLinear`.
+
+    ``y = x @ (weight * scales[:, None]).T + bias``, weight int8 per output
+    channel, accumulated in fp32 and rounded once to the layer's dtype.
+
+    Parameters
+    ----------
+    weight : torch.Tensor
+        int8, shape ``(out_features, in_features)``, CPU.
+    scales : torch.Tensor
+        Shape ``(out_features,)``; its dtype (float32, float16 or bfloat16)
+        is the activation dtype of the layer.
+    bias : torch.Tensor, optional
+        Shape ``(out_features,)``, dtype of ``scales``.
+
+    Notes
+    -----
+    **Memory.** The module holds one packed copy of the weight (inside its
+    ``qkern.WoqLinear``) and nothing else of size N·K: it has no parameters
+    or buffers, and does not keep ``weight``.
+
+    **state_dict.** Holds ``weight`` (int8), ``scales`` and, with a bias,
+    ``bias``, the portable unpacked form. ``state_dict()`` unpacks the weight
+    on demand (a transient N·K bytes per layer); ``load_state_dict()``
+    converts ``scales`` and ``bias`` to the layer's dtype (as
+    ``Tensor.copy_`` would) and packs the weight for this machine.
+
+    **dtype and device.** Fixed at construction: ``Module.to()``,
+    ``.half()`` and ``.cuda()`` leave the layer as it is (there are no
+    tensors to move). Inputs must be CPU tensors of the layer's dtype.
+
+    **torch.compile.** ``forward`` calls the custom op
+    ``torch.ops.qkern.woq_linear(x, key)``, with ``key`` naming this
+    module's packed layer in a process-wide registry, so a compiled (or
+    exported) graph runs in the process that traced it. For a graph that
+    travels, use :func:`weight_int8pack_mm` with the weights as tensors.
+
+    Examples
+    --------
+    >>> import torch, qkern.torch
+    >>> linear = torch.nn.Linear(64, 3)
+    >>> layer = qkern.torch.WoqLinear.from_linear(linear)
+    >>> layer
+    WoqLinear(in_features=64, out_features=3, bias=True, dtype=torch.float32)
+    >>> layer(torch.randn(5, 64)).shape
+    torch.Size([5, 3])
+    >>> sorted(layer.state_dict())
+    ['bias', 'scales', 'weight']
+    """
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        self._key = _LAYERS.new_key()
+        self._set_layer(weight, scales, bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, dtype: torch.dtype | None = None) -> WoqLinear:
+        """Quantize an ``nn.Linear`` with :func:`quantize_per_channel`.
+
+        Parameters
+        ----------
+        linear : torch.nn.Linear
+            On the CPU; its weight is not modified or kept.
+        dtype : torch.dtype, optional
+            Activation dtype of the new layer (float32, float16 or
+            bfloat16); default the dtype of ``linear.weight``.
+
+        Returns
+        -------
+        WoqLinear
+        """
+        q, scales = quantize_per_channel(linear.weight, dtype)
+        bias = None if linear.bias is None else linear.bias.detach().to(scales.dtype)
+        return cls(q, scales, bias)
+
+    def _set_layer(self, weight, scales, bias) -> None:
+        """Pack ``weight`` into a new ``qkern.WoqLinear`` and register it under ``self._key``."""
+        self._layer = qkern.WoqLinear(np.ascontiguousarray(as_numpy("weight", weight)),
+                                      as_numpy("scales", scales),
+                                      None if bias is None else as_numpy("bias", bias))
+        _LAYERS[self._key] = self._layer
+
+    @property
+    def in_features(self) -> int:
+        """K, the size of the last dimension of the input."""
+        return self._layer.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        """N, the size of the last dimension of the output."""
+        return self._layer.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation (and output) dtype."""
+        return TORCH_DTYPES[self._layer.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the packed layer (see :attr:`qkern.WoqLinear.nbytes`)."""
+        return self._layer.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ (weight * scales[:, None]).T + bias`` for ``x`` of shape ``(..., in_features)``."""
+        return torch.ops.qkern.woq_linear(x, self._key)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self._layer.bias is not None}, dtype={self.dtype}")
+
+    def _state_names(self) -> tuple:
+        return ("weight", "scales") + (("bias",) if self._layer.bias is not None else ())
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        layer = self._layer
+        destination[prefix + "weight"] = torch.from_numpy(layer.weight())
+        destination[prefix + "scales"] = from_numpy(layer.scales)
+        if layer.bias is not None:
+            destination[prefix + "bias"] = from_numpy(layer.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # As nn.Module's own implementation does, which this one replaces.
+        for hook in self._load_state_dict_pre_hooks.values():
+            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                 error_msgs)
+        names = self._state_names()
+        if strict:
+            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
+                                   and key[len(prefix):] not in names)
+        missing = [prefix + name for name in names if prefix + name not in state_dict]
+        missing_keys.extend(missing)
+        if missing:
+            return
+        n, k = self._layer.shape
+        expected = {"weight": (n, k), "scales": (n,), "bias": (n,)}
+        loaded = {name: state_dict[prefix + name] for name in names}
+        bad = [f"size mismatch for {prefix}{name}: copying a param with shape "
+               f"{tuple(t.shape)} from checkpoint, the shape in current model is "
+               f"{expected[name]}." for name, t in loaded.items()
+               if tuple(t.shape) != expected[name]]
+        if loaded["weight"].dtype != torch.int8:
+            bad.append(f"dtype mismatch for {prefix}weight: expected torch.int8, got "
+                       f"{loaded['weight'].dtype}.")
+        if bad:
+            error_msgs.extend(bad)
+            return
+        self._set_layer(loaded["weight"], loaded["scales"].to(self.dtype),
+                        loaded["bias"].to(self.dtype) if "bias" in loaded else None)
+
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, pickle) has its own packed layer: give it its own key.
+        super().__setstate__(state)
+        self._key = _LAYERS.new_key()
+        _LAYERS[self._key] = self._layer
+
+
+def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None) -> nn.Module:
+    """Replace every ``nn.Linear`` in a module tree by a :class:`WoqLinear`.
+
+    Only modules of type exactly ``nn.Linear`` are replaced: subclasses
+    (such as the output projection of ``nn.MultiheadAttention``, whose weight
+    its parent reads directly) are left alone.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Changed in place, on the CPU.
+    dtype : torch.dtype, optional
+        Activation dtype of the new layers; default each linear's weight dtype.
+
+    Returns
+    -------
+    torch.nn.Module
+        ``model``, or a new :class:`WoqLinear` when ``model`` itself is an
+        ``nn.Linear``.
+
+    Examples
+    --------
+    >>> import torch, qkern.torch
+    >>> mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    >>> mlp = qkern.torch.swap_linears(mlp, dtype=torch.bfloat16)
+    >>> [type(m).__name__ for m in mlp]
+    ['WoqLinear', 'ReLU', 'WoqLinear']
+    >>> mlp(torch.randn(2, 8, dtype=torch.bfloat16)).dtype
+    torch.bfloat16
+    """
+    if type(model) is nn.Linear:
+        return WoqLinear.from_linear(model, dtype=dtype)
+    for name, child in model.named_children():
+        setattr(model, name, swap_linears(child, dtype=dtype))
+    return model
