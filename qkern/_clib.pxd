@@ -98,6 +98,8 @@ cdef extern from "qkern/woq.h":
     size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) nogil
     void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                      uint32_t kr, int8_t* out) nogil
+    void qk_woq_unpack(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,
+                       int8_t* w, size_t ldw) nogil
     int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
                     size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
                     const int64_t* x_offsets, const int8_t* packed, const float* scale,

@@ -10,7 +10,8 @@ from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBN
                           QK_TRAIT_SPLITS_X, QK_WOQ_INT8_PER_CHANNEL, QK_WOQ_KBLOCK,
                           QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype, qk_woq_blocking, qk_woq_gemm,
                           qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
-                          qk_woq_packed_size, qk_fpenv, qk_fpenv_enter, qk_fpenv_leave)
+                          qk_woq_packed_size, qk_woq_unpack, qk_fpenv, qk_fpenv_enter,
+                          qk_fpenv_leave)
 
 cnp.import_array()
 
@@ -53,6 +54,17 @@ def pack(const int8_t[:, ::1] w, uint32_t nr, uint32_t kr, int8_t[::1] out):
     with nogil:
         if dst != NULL:
             qk_woq_pack(src, k, n, k, nr, kr, dst)
+
+
+def unpack(const int8_t[::1] packed, uint32_t nr, uint32_t kr, int8_t[:, ::1] out):
+    """Unpack ``packed`` (layout (nr, kr)) into the C-contiguous (N, K) ``out``."""
+    cdef size_t n = out.shape[0], k = out.shape[1]
+    if <size_t>packed.shape[0] != qk_woq_packed_size(n, k, nr, kr):
+        raise ValueError("packed buffer has the wrong size")
+    cdef int8_t* dst = &out[0, 0] if n * k else NULL
+    with nogil:
+        if dst != NULL:
+            qk_woq_unpack(&packed[0], n, k, nr, kr, dst, k)
 
 
 cdef _check_holds(str name, size_t got, size_t needed):

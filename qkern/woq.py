@@ -16,17 +16,9 @@ from qkern import _cpu, _woq
 from qkern._dtypes import dtype_code, dtype_name
 from qkern.dispatch import (REGISTRY, Blocking, Kernel, choose_kernel, choose_layout,
                             get_kernel)
+from qkern.packing import PackedWeight, check_int8_weight
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
-
-_ALIGN = 64
-
-
-def _aligned_empty(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + _ALIGN, dtype=np.int8)
-    start = (-raw.ctypes.data) % _ALIGN
-    return raw[start:start + nbytes]
-
 
 def _read_only(a: np.ndarray) -> np.ndarray:
     view = a.view()
@@ -40,16 +32,6 @@ def _check_array(name: str, a, ndim: int | None = None) -> np.ndarray:
     if ndim is not None and a.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {a.shape}")
     return a
-
-
-def _check_weight(w) -> np.ndarray:
-    w = _check_array("w", w, 2)
-    if w.dtype != np.int8:
-        raise TypeError(f"w: expected dtype int8, got {w.dtype}")
-    if not w.flags.c_contiguous:
-        raise ValueError("w: expected a C-contiguous (N, K) array, got a strided view; "
-                         "pass np.ascontiguousarray(w)")
-    return w
 
 
 def _check_vector(name: str, v, n: int, dtype) -> np.ndarray:
@@ -175,25 +157,6 @@ def _check_threads(num_threads) -> int:
     return int(num_threads)
 
 
-def _pack(w: np.ndarray, layout: tuple) -> np.ndarray:
-    nr, kr = layout
-    packed = _aligned_empty(_woq.packed_size(w.shape[0], w.shape[1], nr, kr))
-    _woq.pack(w, nr, kr, packed)
-    return packed
-
-
-def _unpack(packed: np.ndarray, n: int, k: int, layout: tuple) -> np.ndarray:
-    nr, kr = layout
-    kr = kr or max(k, 1)  # kr = 0: one group of all of K
-    kp = -(-k // kr) * kr
-    whole = n // nr * nr  # rows in whole panels; the last n % nr follow as they are
-    panels = packed[:whole * kp].reshape(whole // nr, kp // kr, nr, kr)
-    w = np.empty((n, k), np.int8)
-    w[:whole] = panels.transpose(0, 2, 1, 3).reshape(whole, kp)[:, :k]
-    w[whole:] = packed[whole * kp:].reshape(n - whole, k)
-    return w
-
-
 def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
          num_threads, inputs: tuple, blocking: Blocking | None = None):
     """Validate x/out against (n, k) and run ``kern`` (cut as ``blocking``
@@ -278,14 +241,14 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     """
     x = _check_array("x", x)
     dtype_name(x.dtype)
-    w = _check_weight(w)
+    w = check_int8_weight(w)
     n, k = w.shape
     scales = _check_vector("scales", scales, n, x.dtype)
     if bias is not None:
         bias = _check_vector("bias", bias, n, x.dtype)
     m = math.prod(x.shape[:-1]) if x.ndim else 0
     kern = choose_kernel(x.dtype, m, unpacked_ok=True)
-    w_packed = w.reshape(-1) if kern.kind == "unpacked" else _pack(w, kern.layout)
+    w_packed = w.reshape(-1) if kern.kind == "unpacked" else PackedWeight(w, kern.layout).data
     return _run(kern, x, w_packed, n, k, _padded_f32(scales, kern.nr),
                 _padded_f32(bias, kern.nr), out, num_threads,
                 (("w", w), ("scales", scales), ("bias", bias)))
@@ -294,13 +257,15 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
 class WoqLinear:
     """A linear layer with int8 weights packed once, ``y = x @ (w * scales).T + bias``.
 
-    Holds exactly one packed copy of the weight, in the layout of the kernels
+    Holds exactly one packed copy of the weight (a
+    :class:`~qkern.packing.PackedWeight`), in the layout of the kernels
     chosen for this CPU; the caller's ``w`` is not kept.
 
     Parameters
     ----------
-    w : numpy.ndarray
-        int8, shape ``(N, K)``, C-contiguous.
+    w : numpy.ndarray or qkern.packing.PackedWeight
+        int8, shape ``(N, K)``, C-contiguous; or a weight packed already
+        (kept as it is when its layout is this layer's, repacked otherwise).
     scales : numpy.ndarray
         Shape ``(N,)``; its dtype (float32, float16 or bfloat16) is the
         activation dtype this layer accepts.
@@ -322,7 +287,8 @@ class WoqLinear:
     """
 
     def __init__(self, w, scales, bias=None, *, kernel: str | None = None):
-        w = _check_weight(w)
+        if not isinstance(w, PackedWeight):
+            w = check_int8_weight(w)
         n, k = w.shape
         scales = _check_array("scales", scales, 1)
         self.dtype = np.dtype(scales.dtype)
@@ -333,19 +299,33 @@ class WoqLinear:
         self._forced = get_kernel(kernel) if kernel is not None else None
         if self._forced is not None and dtype_name(self.dtype) not in self._forced.dtypes:
             raise ValueError(f"kernel {kernel!r} does not accept dtype {dtype_name(self.dtype)}")
-        self.layout = self._forced.layout if self._forced else choose_layout(self.dtype)
-        self.shape = (n, k)
+        layout = self._forced.layout if self._forced else choose_layout(self.dtype)
+        self._weight = w.repacked(layout) if isinstance(w, PackedWeight) else PackedWeight(w, layout)
         self._scales = scales.copy()
         self._bias = None if bias is None else bias.copy()
-        self._packed = _pack(w, self.layout)
-        self._scale_f32 = _padded_f32(scales, self.layout[0])
-        self._bias_f32 = _padded_f32(bias, self.layout[0])
+        self._scale_f32 = _padded_f32(scales, layout[0])
+        self._bias_f32 = _padded_f32(bias, layout[0])
+
+    @property
+    def shape(self) -> tuple:
+        """``(N, K)``."""
+        return self._weight.shape
+
+    @property
+    def layout(self) -> tuple:
+        """The packed layout ``(nr, kr)`` of the weight and of the kernels that read it."""
+        return self._weight.layout
+
+    @property
+    def packed_weight(self) -> PackedWeight:
+        """The packed weight this layer holds."""
+        return self._weight
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the packed weight plus scales and bias (in both forms)."""
-        held = [self._packed, self._scales, self._bias, self._scale_f32, self._bias_f32]
-        return sum(a.nbytes for a in held if a is not None)
+        held = [self._scales, self._bias, self._scale_f32, self._bias_f32]
+        return self._weight.nbytes + sum(a.nbytes for a in held if a is not None)
 
     @property
     def scales(self) -> np.ndarray:
@@ -363,7 +343,7 @@ class WoqLinear:
 
     def weight(self) -> np.ndarray:
         """The int8 ``(N, K)`` weight, unpacked (a new array)."""
-        return _unpack(self._packed, *self.shape, self.layout)
+        return self._weight.unpack()
 
     def __call__(self, x, *, out=None, num_threads=None, blocking=None):
         """Apply the layer to ``x`` of shape ``(..., K)`` and dtype :attr:`dtype`.
@@ -379,19 +359,21 @@ class WoqLinear:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
         m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self.shape
-        return _run(self.kernel_for(m), x, self._packed, n, k, self._scale_f32, self._bias_f32,
-                    out, num_threads, (), blocking)
+        return _run(self.kernel_for(m), x, self._weight.data, n, k, self._scale_f32,
+                    self._bias_f32, out, num_threads, (), blocking)
 
     def __getstate__(self) -> dict:
-        """The layer as pickled: the unpacked weight, scales, bias, forced kernel."""
-        return {"weight": self.weight(), "scales": self._scales, "bias": self._bias,
+        """The layer as pickled: its packed weight, scales, bias, forced kernel."""
+        return {"weight": self._weight, "scales": self._scales, "bias": self._bias,
                 "kernel": self._forced.name if self._forced else None}
 
     def __setstate__(self, state: dict) -> None:
         """Rebuild the layer from :meth:`__getstate__`'s dict, checked as the
-        constructor checks its arguments, and packed anew for this machine's
-        kernels (a forced kernel this machine cannot run gives way to the
-        automatic choice). Nothing from the state reaches a kernel unchecked."""
+        constructor checks its arguments (the packed weight checked itself
+        when it was unpickled), and repacked only if this machine's kernels
+        read another layout (a forced kernel this machine cannot run gives
+        way to the automatic choice). Nothing from the state reaches a
+        kernel unchecked."""
         if not isinstance(state, dict) or set(state) != {"weight", "scales", "bias", "kernel"}:
             raise TypeError("WoqLinear state: expected a dict with the keys weight, scales, "
                             f"bias and kernel, got {state!r:.200}")

@@ -14,13 +14,14 @@ import numpy as np
 from qkern import _woq
 from qkern._dtypes import dtype_code
 from qkern.dispatch import choose_kernel
-from qkern.woq import _pack, _padded_f32
+from qkern.packing import PackedWeight
+from qkern.woq import _padded_f32
 
 M, N, K = 8, 64, 32
 
 kern = choose_kernel(np.float32, M)
 x = np.ones((M, K), np.float32)
-packed = _pack(np.ones((N, K), np.int8), kern.layout)
+packed = PackedWeight(np.ones((N, K), np.int8), kern.layout).data
 scale = _padded_f32(np.ones(N, np.float32), kern.nr)
 y = np.empty(M * N - 1, np.float32)
 print(f"oob_canary: {kern.name} writes {M}x{N} float32 into {y.size} elements", flush=True)

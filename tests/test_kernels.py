@@ -253,5 +253,6 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
     # the driver itself refuses what Python would (the thin layer checks nothing)
     y = np.empty((2, 3), np.float32)
     with pytest.raises(ValueError, match="refused"):
-        _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer._packed, layer._scale_f32, None,
+        _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data, layer._scale_f32,
+                  None,
                   y, 12, 1, (33, 1, 48, 1) if kern.kind == "kblock" else (1, 1, 32, 1))

@@ -127,8 +127,8 @@ def test_rss_sees_a_leak_of_one_result_per_call():
 def test_packed_weight_freed_with_its_layer():
     """Nothing keeps the packed weight (or the buffer it is a view of) alive."""
     layer = qkern.WoqLinear(np.ones((64, 48), np.int8), np.ones(64, np.float32))
-    packed = weakref.ref(layer._packed)
-    packed_buffer = weakref.ref(layer._packed.base)
+    packed = weakref.ref(layer.packed_weight)
+    packed_buffer = weakref.ref(layer.packed_weight.data.base)
     layer(np.ones((3, 48), np.float32))
     del layer
     gc.collect()

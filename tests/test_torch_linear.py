@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import qkern
+from qkern.packing import PackedWeight
 from reference import BF16, DTYPES, U_OUT, woq_bound
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
@@ -47,9 +48,10 @@ def test_woqlinear_holds_one_packed_copy_and_no_tensors():
     linear = torch.nn.Linear(96, 80)
     module = qt.WoqLinear.from_linear(linear)
     assert list(module.parameters()) == [] and list(module.buffers()) == []
-    held = [v for v in vars(module._layer).values()
-            if isinstance(v, np.ndarray) and v.dtype == np.int8]
-    assert len(held) == 1 and module.nbytes == module._layer.nbytes
+    held = list(vars(module._layer).values())
+    assert [v for v in held if isinstance(v, PackedWeight)] == [module._layer.packed_weight]
+    assert not [v for v in held if isinstance(v, np.ndarray) and v.dtype == np.int8]
+    assert module.nbytes == module._layer.nbytes
     assert module.to(torch.float16).dtype == torch.float32  # nothing to convert
 
 

@@ -13,6 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import qkern
+from qkern.packing import PackedWeight
 from process_support import run_python
 from reference import BF16, DTYPES, assert_woq_close, woq_reference
 
@@ -191,8 +192,9 @@ def test_woqlinear_keeps_one_packed_copy_and_not_callers_weight():
     layer = qkern.WoqLinear(w, np.ones(64, np.float32))
     w[:] = 0  # mutating the caller's array must not change the layer
     assert float(layer(np.ones(64, np.float32))[0]) == 64.0
-    arrays = [v for v in vars(layer).values() if isinstance(v, np.ndarray) and v.dtype == np.int8]
-    assert len(arrays) == 1
+    held = list(vars(layer).values())
+    assert [v for v in held if isinstance(v, PackedWeight)] == [layer.packed_weight]
+    assert not [v for v in held if isinstance(v, np.ndarray) and v.dtype == np.int8]
 
 
 @pytest.mark.parametrize("n", [1, 2, 15, 17, 31, 33])
@@ -205,13 +207,13 @@ def test_small_n_is_not_padded_to_a_panel(n, k):
     s = rng.uniform(0.5, 2, n).astype(np.float32)
     for kern in (k for k in qkern.kernels() if k.available):
         nr, kr = kern.layout
-        packed = qkern.woq._pack(w, kern.layout)
+        packed = PackedWeight(w, kern.layout)
         rows_padded_to_kr = n * (-(-k // max(kr, 1)) * max(kr, 1))
         assert packed.nbytes <= rows_padded_to_kr, kern.name
         if k >= 4:  # kr <= 2
             assert packed.nbytes <= 1.25 * n * k, kern.name
         layer = qkern.WoqLinear(w, s, kernel=kern.name)
-        assert layer._packed.nbytes == packed.nbytes
+        assert layer.packed_weight.nbytes == packed.nbytes
         scales_bytes = n * 4 + 4 * -(-n // nr) * nr  # float32 scales, padded to whole panels
         assert layer.nbytes <= rows_padded_to_kr + scales_bytes, (kern.name, layer.nbytes)
         assert np.array_equal(layer.weight(), w) and layer.weight().flags.c_contiguous
@@ -226,11 +228,11 @@ def _state(layer) -> dict:
 
 
 @pytest.mark.parametrize("fault, exc", [
-    (lambda st: st.update(weight=st["weight"][:, :-1]), ValueError),      # K differs from...
-    (lambda st: st.update(scales=st["scales"][:-1]), ValueError),          # ...N of scales
+    (lambda st: st.update(weight=st["weight"].unpack()[:, :-1]), ValueError),  # a strided view
+    (lambda st: st.update(scales=st["scales"][:-1]), ValueError),  # N of scales differs
     (lambda st: st.update(bias=np.ones(3, np.float32)), ValueError),
-    (lambda st: st.update(weight=st["weight"].astype(np.int16)), TypeError),
-    (lambda st: st.update(weight=np.asfortranarray(st["weight"])), ValueError),
+    (lambda st: st.update(weight=st["weight"].unpack().astype(np.int16)), TypeError),
+    (lambda st: st.update(weight=np.asfortranarray(st["weight"].unpack())), ValueError),
     (lambda st: st.update(scales=st["scales"].astype(np.float64)), TypeError),
     (lambda st: st.update(weight=b"\x00" * 4096), TypeError),
     (lambda st: st.pop("scales"), TypeError),
@@ -267,14 +269,18 @@ def test_crafted_pickle_is_refused():
 
 
 def test_tampered_layer_attributes_refused_before_c():
-    """Attributes changed behind the layer's back (shape, packed weight,
-    padded scales) are caught where the C driver would read them: a
-    ValueError, never a crash (in a process of its own, in case)."""
+    """Attributes changed behind the layer's back (the packed weight's shape
+    or bytes, the padded scales) are caught where the C driver would read
+    them: a ValueError, never a crash (in a process of its own, in case)."""
     proc = run_python("""
+        import copy
         import numpy as np, qkern
         layer = qkern.WoqLinear(np.ones((64, 256), np.int8), np.ones(64, np.float32))
         x = np.ones((3, 256), np.float32)
-        for name, value in [("shape", (4096, 256)), ("_packed", layer._packed[:100]),
+        taller, shorter = copy.copy(layer.packed_weight), copy.copy(layer.packed_weight)
+        taller.shape = (4096, 256)
+        shorter._data = shorter._data[:100]
+        for name, value in [("_weight", taller), ("_weight", shorter),
                             ("_scale_f32", layer._scale_f32[:8])]:
             tampered = object.__new__(qkern.WoqLinear)
             tampered.__dict__.update(vars(layer), **{name: value})
@@ -287,6 +293,65 @@ def test_tampered_layer_attributes_refused_before_c():
         """)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stdout.count("refused") == 3, proc.stdout
+
+
+@pytest.mark.parametrize("layout", sorted({k.layout for k in qkern.kernels()}))
+def test_packed_weight_packs_unpacks_and_reports_its_size(layout):
+    """PackedWeight packs and unpacks in C, for every layout of the registry
+    and shapes around its panel and k-group (a partial panel, K = 0)."""
+    rng = np.random.default_rng(13)
+    nr, kr = layout
+    for n, k in [(1, 1), (nr - 1 or 1, 7), (nr, kr or 5), (nr + 1, 2 * max(kr, 1) + 1),
+                 (3 * nr + 2, 64), (5, 0), (0, 5)]:
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        p = PackedWeight(w, layout)
+        assert (p.shape, p.layout, p.format) == ((n, k), layout, "int8_per_channel")
+        assert p.nbytes == p.data.nbytes == qkern._woq.packed_size(n, k, nr, kr)
+        assert (p.nbytes == 0 or p.data.ctypes.data % 64 == 0) and not p.data.flags.writeable
+        u = p.unpack()
+        assert u.flags.c_contiguous and np.array_equal(u, w)
+        clone = pickle.loads(pickle.dumps(p))
+        assert clone.data.tobytes() == p.data.tobytes() and np.array_equal(clone.unpack(), w)
+        other = (16, 1) if layout != (16, 1) else (32, 2)
+        assert p.repacked(layout) is p
+        assert np.array_equal(p.repacked(other).unpack(), w)
+
+
+@pytest.mark.parametrize("fault, exc", [
+    (lambda st: st.update(data=st["data"][:-1]), ValueError),
+    (lambda st: st.update(shape=(st["shape"][0] + 1, st["shape"][1])), ValueError),
+    (lambda st: st.update(shape=(-1, 3)), ValueError),
+    (lambda st: st.update(layout=(8, 1)), ValueError),
+    (lambda st: st.update(format="int4_groupwise"), ValueError),
+    (lambda st: st.update(data=list(st["data"])), TypeError),
+    (lambda st: st.pop("layout"), TypeError),
+])
+def test_packed_weight_refuses_a_crafted_state(fault, exc):
+    p = PackedWeight(np.ones((20, 9), np.int8), (16, 1))
+    state = dict(p.__getstate__())
+    fault(state)
+    with pytest.raises(exc):
+        object.__new__(PackedWeight).__setstate__(state)
+
+
+def test_layer_pickles_its_packed_weight_and_takes_one():
+    """A layer pickles its packed weight: unpickled on a machine whose
+    kernels read the same layout it is not repacked (its bytes are the same
+    object's); a layer can also be built from a PackedWeight."""
+    rng = np.random.default_rng(14)
+    w = rng.integers(-128, 128, (40, 24), dtype=np.int8)
+    s = np.ones(40, np.float32)
+    layer = qkern.WoqLinear(w, s)
+    state = layer.__getstate__()
+    assert state["weight"] is layer.packed_weight
+    clone = pickle.loads(pickle.dumps(layer))
+    assert clone.layout == layer.layout and np.array_equal(clone.weight(), w)
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    assert clone(x).tobytes() == layer(x).tobytes()
+    given_packed = qkern.WoqLinear(layer.packed_weight, s)
+    assert given_packed.packed_weight is layer.packed_weight
+    other = (16, 1) if layer.layout != (16, 1) else (32, 2)
+    assert qkern.WoqLinear(PackedWeight(w, other), s)(x).tobytes() == layer(x).tobytes()
 
 
 THREADS = 8

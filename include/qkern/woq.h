@@ -210,6 +210,11 @@ size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr);
 void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                  uint32_t kr, int8_t* out);
 
+/* Unpacks `packed` (layout nr, kr) into w (N x K int8, rows ldw bytes
+ * apart): the inverse of qk_woq_pack(). */
+void qk_woq_unpack(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr, int8_t* w,
+                   size_t ldw);
+
 /* Writes the partial last panel of `packed` (N mod nr != 0) as one whole
  * panel, Kp * nr bytes, zero beyond N, into out. */
 void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,

@@ -1,0 +1,135 @@
+"""The packed weight: an (N, K) int8 weight in the layout of a family of kernels.
+
+One object owns the packed bytes and knows what they are (shape, layout,
+format), packs and unpacks them in C (``src/woq/woq_pack.c``), reports its
+size, and pickles and checks itself, so that nothing inconsistent reaches a
+kernel (docs/kernels.rst, "Packed weight layouts").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qkern import _woq
+from qkern.dispatch import REGISTRY
+
+__all__ = ["PackedWeight", "check_int8_weight"]
+
+_ALIGN = 64
+FORMAT = "int8_per_channel"
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + _ALIGN, dtype=np.int8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start:start + nbytes]
+
+
+def _check_layout(layout) -> tuple:
+    layouts = {k.layout for k in REGISTRY}
+    if not isinstance(layout, tuple) or tuple(layout) not in layouts:
+        raise ValueError(f"layout: expected one of the registry's {sorted(layouts)}, "
+                         f"got {layout!r}")
+    return tuple(int(v) for v in layout)
+
+
+def check_int8_weight(w) -> np.ndarray:
+    """``w`` if it is a C-contiguous 2-D int8 array; TypeError or ValueError
+    naming what it is otherwise."""
+    if not isinstance(w, np.ndarray):
+        raise TypeError(f"w: expected a numpy.ndarray, got {type(w).__name__}")
+    if w.ndim != 2:
+        raise ValueError(f"w: expected 2 dimension(s), got shape {w.shape}")
+    if w.dtype != np.int8:
+        raise TypeError(f"w: expected dtype int8, got {w.dtype}")
+    if not w.flags.c_contiguous:
+        raise ValueError("w: expected a C-contiguous (N, K) array, got a strided view; "
+                         "pass np.ascontiguousarray(w)")
+    return w
+
+
+class PackedWeight:
+    """An int8 ``(N, K)`` weight packed once into the layout ``(nr, kr)`` of a
+    family of kernels (``include/qkern/woq.h``), in 64-byte-aligned memory it
+    owns.
+
+    Parameters
+    ----------
+    w : numpy.ndarray
+        int8, shape ``(N, K)``, C-contiguous; copied, not kept.
+    layout : tuple of int
+        ``(nr, kr)`` of a registry kernel (:attr:`qkern.dispatch.Kernel.layout`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from qkern.packing import PackedWeight
+    >>> w = np.arange(6, dtype=np.int8).reshape(2, 3)
+    >>> p = PackedWeight(w, (16, 1))
+    >>> p.shape, p.layout, p.nbytes
+    ((2, 3), (16, 1), 6)
+    >>> bool((p.unpack() == w).all())
+    True
+    """
+
+    format = FORMAT  #: How the values are stored and scaled.
+
+    def __init__(self, w, layout):
+        w = check_int8_weight(w)
+        self.layout = _check_layout(layout)
+        self.shape = w.shape
+        self._data = _aligned_empty(_woq.packed_size(*self.shape, *self.layout))
+        _woq.pack(w, *self.layout, self._data)
+        self._data.flags.writeable = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weight."""
+        return self._data.nbytes
+
+    @property
+    def data(self) -> np.ndarray:
+        """The packed bytes, a read-only 1-D int8 array (what the kernels read)."""
+        return self._data
+
+    def unpack(self) -> np.ndarray:
+        """The ``(N, K)`` int8 weight, unpacked in C (a new array)."""
+        w = np.empty(self.shape, np.int8)
+        _woq.unpack(self._data, *self.layout, w)
+        return w
+
+    def repacked(self, layout) -> PackedWeight:
+        """This weight in ``layout``: itself when it is already, else packed anew."""
+        return self if _check_layout(layout) == self.layout else PackedWeight(self.unpack(), layout)
+
+    def __getstate__(self) -> dict:
+        return {"shape": self.shape, "layout": self.layout, "format": self.format,
+                "data": self._data.tobytes()}
+
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild from :meth:`__getstate__`'s dict; every part is checked
+        against the others before the bytes are kept."""
+        if not isinstance(state, dict) or set(state) != {"shape", "layout", "format", "data"}:
+            raise TypeError("PackedWeight state: expected a dict with the keys shape, layout, "
+                            f"format and data, got {state!r:.200}")
+        shape, data = state["shape"], state["data"]
+        if state["format"] != FORMAT:
+            raise ValueError(f"PackedWeight state: format {state['format']!r} is not {FORMAT!r}")
+        if (not isinstance(shape, tuple) or len(shape) != 2
+                or not all(isinstance(v, int) and v >= 0 for v in shape)):
+            raise ValueError(f"PackedWeight state: shape {shape!r} is not (N, K)")
+        layout = _check_layout(state["layout"])
+        if not isinstance(data, bytes):
+            raise TypeError(f"PackedWeight state: data must be bytes, got {type(data).__name__}")
+        if len(data) != _woq.packed_size(*shape, *layout):
+            raise ValueError(f"PackedWeight state: {len(data)} bytes do not hold a {shape} "
+                             f"weight in layout {layout}")
+        self.shape, self.layout = shape, layout
+        self._data = _aligned_empty(len(data))
+        self._data[:] = np.frombuffer(data, np.int8)
+        self._data.flags.writeable = False
+
+    def __repr__(self) -> str:
+        n, k = self.shape
+        return (f"PackedWeight(N={n}, K={k}, layout=nr{self.layout[0]}c{self.layout[1]}, "
+                f"{self.format}, {self.nbytes} bytes)")
