@@ -58,7 +58,7 @@ test: docs sanitize valgrind fuzz
 	$(PY) -m pytest -p no:cacheprovider --doctest-modules qkern tests
 
 bench: build
-	$(PY) -m qkern bench $(BENCH_ARGS)
+	$(PY) benchmarks/woq_bench.py $(BENCH_ARGS)
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer --------------------------
 # qkern built with QKERN_SANITIZE=1 into build/sanitize/site, imported from

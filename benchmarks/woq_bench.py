@@ -1,11 +1,68 @@
-"""The int8 WoQ GEMM benchmark: same as ``python -m qkern bench``.
+"""The int8 WoQ GEMM benchmark, in full: what ``python -m qkern bench`` prints
+(this machine's roofline, Table 1: each kernel against the reference), then
+qkern against NumPy and PyTorch with cold weights (Table 2, ``peers.py``,
+for each thread count), and with ``--torch`` an MLP end to end through
+PyTorch (Table 3, ``mlp.py``). ``make bench`` runs it with ``--quick``;
+``docs/figures/`` comes from
 
-    python benchmarks/woq_bench.py --threads 1,2 --json docs/figures/bench-full.json \\
-        --plot docs/figures/bench-full.png
+    python benchmarks/woq_bench.py --threads 1,2 --torch \\
+        --json docs/figures/bench-full.json --plot docs/figures/bench-full.png \\
+        > docs/figures/bench-full.txt
 """
-import sys
 
-from qkern.__main__ import main
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+
+import mlp
+import peers
+import plot
+
+from qkern import bench
+from qkern.__main__ import add_bench_arguments, output_path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m qkern bench``, and ``--torch`` and ``--plot``."""
+    parser = add_bench_arguments(argparse.ArgumentParser(
+        prog="python benchmarks/woq_bench.py",
+        description="Time every kernel, then qkern against NumPy and PyTorch (when "
+                    "installed) on LLM-like shapes with cold weights."))
+    parser.add_argument("--torch", action="store_true",
+                        help="also time an end-to-end bfloat16 MLP through PyTorch: "
+                             "qkern.torch.swap_linears vs torch._weight_int8pack_mm vs dense")
+    parser.add_argument("--plot", type=output_path, metavar="FILE.png",
+                        help="also plot %% of roofline and speedups against M (needs matplotlib)")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the full benchmark on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    torch, torch_note = peers.load_torch()
+    if args.torch and torch is None:
+        parser.error(f"--torch needs PyTorch: torch {torch_note}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib (pip install matplotlib)")
+    start = time.perf_counter()
+    threads = bench.thread_counts(args.threads)
+    roof, rows = bench.report(threads, args.quick,
+                              notes=[f"torch: {torch_note}", peers.cold_note()])
+    rows += peers.report(threads, args.quick, roof, torch)
+    if args.torch:
+        rows += mlp.report(threads[-1], torch)
+    if args.json:
+        bench.write_json(args.json, roof, rows)
+    if args.plot:
+        plot.draw(rows, args.plot)
+        print(f"wrote {args.plot}")
+    print(bench.closing_line(start))
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(main())

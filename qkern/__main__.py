@@ -2,8 +2,9 @@
 
 ``info`` describes what qkern sees on this machine: versions, CPU features,
 the ISA level and its cap, OpenMP threads, the kernel registry and the
-kernel chosen per dtype. ``bench`` times the kernels and qkern against its
-peers (see :mod:`qkern.bench`).
+kernel chosen per dtype. ``bench`` measures this machine's roofline and
+times each kernel (see :mod:`qkern.bench`); the comparison with NumPy and
+PyTorch is ``benchmarks/woq_bench.py``, which takes the same options and more.
 """
 
 from __future__ import annotations
@@ -136,14 +137,54 @@ def _thread_list(text: str) -> list:
     return [_positive_int(part) for part in text.split(",")]
 
 
-def _output_path(text: str) -> str:
-    """argparse type: a file name in a folder that exists."""
+def output_path(text: str) -> str:
+    """argparse type: a file name in a folder that exists.
+
+    Parameters
+    ----------
+    text : str
+        The argument.
+
+    Returns
+    -------
+    str
+        ``text``.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        If the folder does not exist or ``text`` is a folder.
+    """
     folder = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file name")
     return text
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the options of ``python -m qkern bench``: ``--quick``, ``--threads``, ``--json``.
+
+    ``benchmarks/woq_bench.py`` adds the same to its own.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        ``parser``.
+    """
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer and smaller problems (under a minute on two cores)")
+    parser.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
+                        help="thread counts, each measured in turn; the kernels table runs on "
+                             "the last (default: all cores)")
+    parser.add_argument("--json", type=output_path, metavar="FILE",
+                        help="also write the roofline and every row to FILE as JSON")
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,21 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     sub.add_parser("info", help="versions, CPU features, ISA, threads, kernel registry",
                    description="Show what qkern sees on this machine.")
-    p = sub.add_parser("bench", help="time the kernels and qkern against its peers",
-                       description="Time every kernel and compare qkern with NumPy and "
-                                   "PyTorch (when installed). Weights may be cache-resident.")
-    p.add_argument("--quick", action="store_true",
-                   help="fewer and smaller shapes (under a minute on two cores)")
-    p.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
-                   help="thread counts for qkern, torch and NumPy's BLAS, each run in turn "
-                        "(default: all cores)")
-    p.add_argument("--torch", action="store_true",
-                   help="also time an end-to-end bfloat16 MLP through PyTorch: "
-                        "qkern.torch.swap_linears vs torch._weight_int8pack_mm vs dense")
-    p.add_argument("--json", type=_output_path, metavar="FILE",
-                   help="also write the roofline and every row to FILE as JSON")
-    p.add_argument("--plot", type=_output_path, metavar="FILE.png",
-                   help="also plot %% of roofline and speedups against M (needs matplotlib)")
+    add_bench_arguments(sub.add_parser(
+        "bench", help="measure this machine's roofline and time each kernel",
+        description="Measure this machine's DRAM bandwidth and instruction peaks, and time "
+                    "every kernel this CPU runs against the portable reference (on the "
+                    "last thread count).",
+        epilog="The comparison with NumPy and PyTorch, the end-to-end MLP and the plot: "
+               "python benchmarks/woq_bench.py in qkern's source tree."))
     return parser
 
 
@@ -194,8 +227,7 @@ def main(argv=None) -> int:
     if args.command == "info":
         print(info())
     else:
-        bench.run(quick=args.quick, threads=args.threads, json_path=args.json,
-                  plot_path=args.plot, torch_mlp=args.torch)
+        bench.run(quick=args.quick, threads=args.threads, json_path=args.json)
     return 0
 
 

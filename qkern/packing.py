@@ -60,6 +60,15 @@ class PackedWeight:
     layout : tuple of int
         ``(nr, kr)`` of a registry kernel (:attr:`qkern.dispatch.Kernel.layout`).
 
+    Attributes
+    ----------
+    shape : tuple of int
+        ``(N, K)``.
+    layout : tuple of int
+        ``(nr, kr)``.
+    format : str
+        How the values are stored and scaled: ``"int8_per_channel"``.
+
     Examples
     --------
     >>> import numpy as np
@@ -72,7 +81,7 @@ class PackedWeight:
     True
     """
 
-    format = FORMAT  #: How the values are stored and scaled.
+    format = FORMAT
 
     def __init__(self, w, layout):
         w = check_int8_weight(w)

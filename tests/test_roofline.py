@@ -1,16 +1,17 @@
 """The roofline probes, the benchmark's command line and scripts."""
 
-import importlib.util
+import functools
+import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import qkern
-from qkern import _roofline, bench, roofline
+from qkern import _roofline, bench, roofline, timing
+from bench_support import BENCHMARKS, load_benchmark
 
 
 def test_peak_loops_match_the_build_and_cap():
@@ -64,40 +65,48 @@ def test_last_level_cache_is_plausible():
 
 
 def test_cold_copies_exceed_the_cache():
+    peers = load_benchmark("peers")
     llc = roofline.last_level_cache_bytes()
     for nbytes in (1 << 20, 16 << 20, llc, 4 * llc):
-        copies = bench.copies_for_cold(nbytes)
+        copies = peers.copies_for_cold(nbytes)
         assert copies >= 2 and copies * nbytes >= 1.5 * llc
 
 
 def test_roofline_seconds_takes_the_binding_ceiling():
+    peers = load_benchmark("peers")
     roof = roofline.Roofline(bandwidth={1: [10.0]},
                              peaks={"vfmadd231ps ymm": {1: [100.0]}, "tdpbf16ps": {1: [1000.0]}})
     ref = qkern.kernels()[0]
     # Memory-bound: 1e6 bytes at 10 GB/s; compute-bound: 2e9 flops at 100 GFLOP/s.
-    assert bench._roofline_seconds(roof, ref, "float32", 1, 1000, 1000, 1) == pytest.approx(1e-4)
-    assert bench._roofline_seconds(roof, ref, "float32", 1000, 1000, 1000, 1) == pytest.approx(0.02)
+    assert peers._roofline_seconds(roof, ref, "float32", 1, 1000, 1000, 1) == pytest.approx(1e-4)
+    assert peers._roofline_seconds(roof, ref, "float32", 1000, 1000, 1000, 1) == pytest.approx(0.02)
     split = [k for k in qkern.kernels() if k.splits_x]
     if split:  # three bf16 planes per float32 activation: three times the flops
-        t = bench._roofline_seconds(roof, split[0], "float32", 1000, 1000, 1000, 1)
+        t = peers._roofline_seconds(roof, split[0], "float32", 1000, 1000, 1000, 1)
         assert t == pytest.approx(3 * 2e9 / 1e12)
 
 
 def test_aligned_twin_is_the_nearest_aligned_shape():
-    assert bench.aligned_twin(7, 1000, 4095) == (8, 992, 4096)
-    assert bench.aligned_twin(33, 4097, 1023) == (32, 4096, 1024)
-    assert bench.aligned_twin(1, 5, 40) == (1, 32, 32)
+    peers = load_benchmark("peers")
+    assert peers.aligned_twin(7, 1000, 4095) == (8, 992, 4096)
+    assert peers.aligned_twin(33, 4097, 1023) == (32, 4096, 1024)
+    assert peers.aligned_twin(1, 5, 40) == (1, 32, 32)
+
+
+def _fake_roofline(threads):
+    return roofline.Roofline(bandwidth={t: [10.0] for t in threads},
+                             peaks={k.bound_by: {t: [100.0] for t in threads}
+                                    for k in qkern.kernels()})
 
 
 def test_odd_shapes_are_timed_beside_their_twins(monkeypatch):
     """Each odd shape's row carries its GFLOP/s over the same peer's on the
     aligned twin, which is timed in the same table."""
-    monkeypatch.setitem(bench._PEER_SHAPES, True, [])
-    monkeypatch.setitem(bench._ODD_SHAPES, True, [(3, 40, 70)])
-    monkeypatch.setattr(bench, "copies_for_cold", lambda nbytes: 2)
-    roof = roofline.Roofline(bandwidth={1: [10.0]},
-                             peaks={k.bound_by: {1: [100.0]} for k in qkern.kernels()})
-    rows = bench.peers_table(1, True, roof)
+    peers = load_benchmark("peers")
+    monkeypatch.setitem(peers._PEER_SHAPES, True, [])
+    monkeypatch.setitem(peers._ODD_SHAPES, True, [(3, 40, 70)])
+    monkeypatch.setattr(peers, "copies_for_cold", lambda nbytes: 2)
+    rows = peers.peers_table(1, True, _fake_roofline([1]))
     twin = {(r["name"]): r for r in rows if (r["M"], r["N"], r["K"]) == (4, 32, 64)}
     odd = [r for r in rows if (r["M"], r["N"], r["K"]) == (3, 40, 70)]
     assert odd and set(twin) == {r["name"] for r in odd}
@@ -106,14 +115,84 @@ def test_odd_shapes_are_timed_beside_their_twins(monkeypatch):
     assert all("vs_aligned_twin" not in r for r in twin.values())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["bench", "--threads", "0"], "expected a positive integer"),
-    (["bench", "--threads", "1,x"], "expected a positive integer"),
-    (["bench", "--json", "/nonexistent-dir/x.json"], "does not exist"),
-    (["frobnicate"], "invalid choice"),
+@pytest.fixture
+def small_bench(monkeypatch):
+    """Both benchmarks on small problems, short timings and a made-up
+    roofline; benchmarks/ on sys.path for woq_bench.py's imports; torch
+    left out."""
+    monkeypatch.setattr(roofline, "measure", _fake_roofline)
+    monkeypatch.setitem(bench._KERNELS_NK, True, 64)
+    fast = functools.partial(timing.time_call, warmup=1, budget=0, min_reps=1)
+    monkeypatch.setattr(bench, "time_call", fast)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    woq_bench = load_benchmark("woq_bench")
+    peers = woq_bench.peers
+    monkeypatch.setattr(peers, "time_call", fast)
+    monkeypatch.setitem(peers._PEER_SHAPES, True, [(48, 64)])
+    monkeypatch.setattr(peers, "copies_for_cold", lambda nbytes: 2)
+    monkeypatch.setattr(peers, "load_torch", lambda: (None, "left out by the test"))
+    yield woq_bench
+    for name in ("woq_bench", "peers", "mlp", "plot"):
+        sys.modules.pop(name, None)
+
+
+def test_qkern_bench_prints_the_roofline_and_kernels(small_bench, tmp_path, capsys):
+    """python -m qkern bench: the header, the roofline and Table 1, nothing else."""
+    from qkern.__main__ import main
+
+    assert main(["bench", "--quick", "--threads", "1", "--json", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "Roofline measured in this run" in out and "Table 1 - kernels" in out
+    assert "Table 2" not in out and "torch" not in out
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    available = {k.name for k in qkern.kernels() if k.available}
+    assert {r["table"] for r in rows} == {"kernels"} and {r["name"] for r in rows} == available
+
+
+def test_full_benchmark_prints_the_kernels_then_the_peers(small_bench, tmp_path, capsys):
+    """benchmarks/woq_bench.py: what python -m qkern bench prints, then a
+    peers table per thread count, every row in the JSON."""
+    path = tmp_path / "b.json"
+    assert small_bench.main(["--quick", "--threads", "1,1", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "torch: left out by the test" in out and "Weights cold" in out
+    assert out.index("Table 1 - kernels") < out.index("Table 2 - peers") and \
+        out.count("Table 2 - peers, 1 thread(s)") == 2
+    rows = json.loads(path.read_text())["rows"]
+    assert f"wrote {len(rows)} rows to {path}" in out
+    peers = [r for r in rows if r["table"] == "peers"]
+    assert {r["table"] for r in rows} == {"kernels", "peers"}
+    assert {(r["M"], r["N"], r["K"]) for r in peers} == {(m, 48, 64) for m in (1, 16, 128)}
+    assert {r["name"] for r in peers} == {"qkern bfloat16", "qkern float16", "qkern float32",
+                                          "qkern.weight_int8pack_mm", "numpy f32 dequant+matmul"}
+
+
+def test_plot_draws_a_png(tmp_path):
+    """benchmarks/plot.py draws the peers rows of shapes timed at several M."""
+    pytest.importorskip("matplotlib")
+    rows = [{"table": "peers", "name": name, "threads": 1, "M": m, "N": 64, "K": 32,
+             "pct_roofline": 50.0, "ratio_vs_qkern": 2.0}
+            for name in ("qkern bfloat16", "numpy f32 dequant+matmul") for m in (1, 16)]
+    load_benchmark("plot").draw(rows, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+QKERN = [sys.executable, "-m", "qkern"]
+WOQ_BENCH = [sys.executable, str(BENCHMARKS / "woq_bench.py")]
+
+
+@pytest.mark.parametrize("command, args, message", [
+    (QKERN, ["bench", "--threads", "0"], "expected a positive integer"),
+    (QKERN, ["bench", "--threads", "1,x"], "expected a positive integer"),
+    (QKERN, ["bench", "--json", "/nonexistent-dir/x.json"], "does not exist"),
+    (QKERN, ["bench", "--torch"], "unrecognized arguments"),    # benchmarks/woq_bench.py's
+    (QKERN, ["frobnicate"], "invalid choice"),
+    (WOQ_BENCH, ["--threads", "0"], "expected a positive integer"),
+    (WOQ_BENCH, ["--json", "/nonexistent-dir/x.json"], "does not exist"),
+    (WOQ_BENCH, ["--plot", "/"], "is a folder"),
 ])
-def test_cli_rejects_bad_arguments(args, message):
-    r = subprocess.run([sys.executable, "-m", "qkern", *args], capture_output=True, text=True)
+def test_cli_rejects_bad_arguments(command, args, message):
+    r = subprocess.run([*command, *args], capture_output=True, text=True)
     assert r.returncode == 2 and message in r.stderr
 
 
@@ -130,10 +209,7 @@ def test_cli_info_lists_every_kernel():
 
 def test_minof_script_times_each_row_and_thread_count(capsys):
     """benchmarks/woq_minof.py: one row per (shape, dtype, M, thread count)."""
-    spec = importlib.util.spec_from_file_location(
-        "woq_minof", Path(__file__).resolve().parent.parent / "benchmarks" / "woq_minof.py")
-    minof = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(minof)
+    minof = load_benchmark("woq_minof")
     minof.main(["64:96:1,33", "--threads", "1,2", "--dtypes", "bfloat16,float32",
                 "--reps", "2", "--copies", "2"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]

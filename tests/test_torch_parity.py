@@ -49,13 +49,14 @@ def test_parity_with_torch(m, n, k16, dtype, seed):
 
 
 def test_bench_leaves_torch_out_where_its_kernel_would_crash(monkeypatch):
-    """qkern.bench times torch._weight_int8pack_mm only where K % 16 == 0
+    """benchmarks/peers.py times torch._weight_int8pack_mm only where K % 16 == 0
     (the K the op survives), and every qkern peer on every K."""
-    from qkern import bench
+    from bench_support import load_benchmark
 
-    monkeypatch.setattr(bench, "copies_for_cold", lambda nbytes: 2)
+    peers = load_benchmark("peers")
+    monkeypatch.setattr(peers, "copies_for_cold", lambda nbytes: 2)
     rng = np.random.default_rng(0)
     for k, with_torch in ((48, True), (47, False)):
-        names = bench._Problem(rng, 40, k, 4, torch).calls(3, 1, False)
+        names = peers._Problem(rng, 40, k, 4, torch).calls(3, 1, False)
         assert ("torch._weight_int8pack_mm" in names) == with_torch
         assert {"qkern bfloat16", "torch.mm bf16 dense"} <= set(names)
