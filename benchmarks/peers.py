@@ -81,12 +81,13 @@ def _to_torch(torch, a: np.ndarray):
     return torch.from_numpy(a).clone()
 
 
-def _roofline_seconds(roof, kern, dtype: str, m: int, n: int, k: int, threads: int) -> float:
+def _roofline_seconds(roof, kern, dtype: str, m: int, n: int, k: int, weight_bytes: int,
+                      threads: int) -> float:
     """The roofline's time for one call of ``kern``: max(weight bytes / bandwidth,
     flops / the peak of its instruction), flops counting each bf16 plane of a
     split float16/float32 activation."""
     flops = 2.0 * m * n * k * kern.planes(dtype)
-    return max(n * k / (roof.median_bandwidth(threads) * 1e9),
+    return max(weight_bytes / (roof.median_bandwidth(threads) * 1e9),
                flops / (roof.median_peak(kern.bound_by, threads) * 1e9))
 
 
@@ -99,9 +100,10 @@ class _Problem:
         x, w, scales = bench.random_problem(rng, m_max, n, k, bfloat16)
         self.w, self.scales = w, scales
         self.x = {name: x.astype(dt) for name, dt in bench.DTYPES.items()}
-        self.layers = {name: _rotating([qkern.WoqLinear(w, scales.astype(dt))
-                                        for _ in range(copies)])
-                       for name, dt in bench.DTYPES.items()}
+        layers = {name: [qkern.WoqLinear(w, scales.astype(dt)) for _ in range(copies)]
+                  for name, dt in bench.DTYPES.items()}
+        self.layers = {name: _rotating(made) for name, made in layers.items()}
+        self.packed_bytes = {name: made[0].packed_weight.nbytes for name, made in layers.items()}
         self.copies = copies
         self.torch = None
         if torch is not None:
@@ -120,7 +122,7 @@ class _Problem:
         out = {}
         for name in bench.DTYPES:
             x, layers = self.x[name][:m], self.layers[name]
-            out[f"qkern {name}"] = (name, layers().kernel_for(m).name, self.n * self.k,
+            out[f"qkern {name}"] = (name, layers().kernel_for(m).name, self.packed_bytes[name],
                                     lambda x=x, layers=layers: layers()(x, num_threads=threads))
         xb = self.x["bfloat16"][:m]
         if quick:
@@ -191,7 +193,7 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
                 if name.startswith("qkern "):
                     kern = qkern.dispatch.get_kernel(kernel)
                     row["pct_roofline"] = 100 * _roofline_seconds(roof, kern, dtype, m, n, k,
-                                                                  threads) / t.median
+                                                                  wbytes, threads) / t.median
                 rows.append(row)
         del prob
     gflops = {(r["name"], r["M"], r["N"], r["K"]): r["gflops"] for r in rows}

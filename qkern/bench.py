@@ -225,7 +225,8 @@ def kernels_table(threads: int, quick: bool) -> list:
                 t = time_call(lambda: layer(x, num_threads=threads))
                 if kern.name == REFERENCE:
                     ref_median[m] = t.median
-                rows.append(result_row("kernels", kern.name, dtype_name, m, n, k, t, n * k,
+                rows.append(result_row("kernels", kern.name, dtype_name, m, n, k, t,
+                                       layer.packed_weight.nbytes,
                                        isa=kern.isa, threads=threads,
                                        speedup_vs_ref=ref_median[m] / t.median))
     return rows

@@ -78,11 +78,13 @@ def test_roofline_seconds_takes_the_binding_ceiling():
                              peaks={"vfmadd231ps ymm": {1: [100.0]}, "tdpbf16ps": {1: [1000.0]}})
     ref = qkern.kernels()[0]
     # Memory-bound: 1e6 bytes at 10 GB/s; compute-bound: 2e9 flops at 100 GFLOP/s.
-    assert peers._roofline_seconds(roof, ref, "float32", 1, 1000, 1000, 1) == pytest.approx(1e-4)
-    assert peers._roofline_seconds(roof, ref, "float32", 1000, 1000, 1000, 1) == pytest.approx(0.02)
+    assert peers._roofline_seconds(roof, ref, "float32", 1, 1000, 1000, 10**6, 1) == \
+        pytest.approx(1e-4)
+    assert peers._roofline_seconds(roof, ref, "float32", 1000, 1000, 1000, 10**6, 1) == \
+        pytest.approx(0.02)
     split = [k for k in qkern.kernels() if k.splits_x]
     if split:  # three bf16 planes per float32 activation: three times the flops
-        t = peers._roofline_seconds(roof, split[0], "float32", 1000, 1000, 1000, 1)
+        t = peers._roofline_seconds(roof, split[0], "float32", 1000, 1000, 1000, 10**6, 1)
         assert t == pytest.approx(3 * 2e9 / 1e12)
 
 
