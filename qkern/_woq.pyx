@@ -72,6 +72,16 @@ cdef _check_holds(str name, size_t got, size_t needed):
         raise ValueError(f"{name}: holds {got} values, the problem needs {needed}")
 
 
+cdef int _check_vectors(const qk_woq_kernel* kern, size_t n, const float[::1] scale,
+                        const float[::1] bias) except -1:
+    """``scale`` and ``bias`` (if any) must hold n columns padded to whole panels."""
+    cdef size_t n_padded = (n + kern.nr - 1) // kern.nr * kern.nr
+    _check_holds("scale", scale.shape[0], n_padded)
+    if bias is not None:
+        _check_holds("bias", bias.shape[0], n_padded)
+    return 0
+
+
 def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
          int64_t x_stride, const int64_t[::1] x_offsets, const int8_t[::1] packed,
          const float[::1] scale, const float[::1] bias, cnp.ndarray y, int64_t y_stride,
@@ -90,13 +100,9 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     if index >= qk_woq_num_kernels:
         raise IndexError("no such kernel")
     cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
-    cdef size_t n_padded = (n + kern.nr - 1) // kern.nr * kern.nr
     _check_holds("packed weight", packed.shape[0], qk_woq_packed_size(n, k, kern.nr, kern.kr))
-    _check_holds("scale", scale.shape[0], n_padded)
-    cdef const float* bp = NULL
-    if bias is not None:
-        _check_holds("bias", bias.shape[0], n_padded)
-        bp = &bias[0]
+    _check_vectors(kern, n, scale, bias)
+    cdef const float* bp = &bias[0] if bias is not None else NULL
     cdef const int64_t* offs = NULL
     if x_offsets is not None:
         _check_holds("x_offsets", x_offsets.shape[0], m)
@@ -152,11 +158,8 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
                          f"{(<object>x).shape}, strides {(<object>x).strides}")
     cdef size_t n_padded = (nc + kern.nr - 1) // kern.nr * kern.nr
     _check_holds("panels", panels.shape[0], qk_woq_packed_size(n_padded, kc, kern.nr, kern.kr))
-    _check_holds("scale", scale.shape[0], n_padded)
-    cdef const float* bp = NULL
-    if bias is not None:
-        _check_holds("bias", bias.shape[0], n_padded)
-        bp = &bias[0]
+    _check_vectors(kern, nc, scale, bias)
+    cdef const float* bp = &bias[0] if bias is not None else NULL
     cdef const void* rows[32]
     cdef size_t i
     for i in range(mr):
