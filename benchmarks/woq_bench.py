@@ -16,13 +16,17 @@ import argparse
 import importlib.util
 import sys
 import time
-
-import mlp
-import peers
-import plot
+from pathlib import Path
 
 from qkern import bench
 from qkern.__main__ import add_bench_arguments, output_path
+
+# The sibling modules, found also where Python leaves the script's folder
+# off sys.path (PYTHONSAFEPATH=1, as under make sanitize).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mlp  # noqa: E402
+import peers  # noqa: E402
+import plot  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
