@@ -34,12 +34,20 @@ SETUP = """
 """
 
 
+# libgomp's (and qkern's probe's) thread stack, set so that the
+# address-space limits below leave room for a known number of them.
+STACK_MIB = 4
+PROCS = len(os.sched_getaffinity(0))
+two_processors = pytest.mark.skipif(PROCS < 2, reason="needs two processors")
+
+
 def _run(body: str, timeout: float = 120):
-    proc = run_python(SETUP + body, timeout=timeout)
+    proc = run_python(SETUP + body, timeout=timeout, env={"OMP_STACKSIZE": f"{STACK_MIB}M"})
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
     return proc
 
 
+@two_processors
 def test_forked_child_runs_on_one_thread_and_warns_once():
     """After the parent ran two threads, a child's threaded calls used to
     wait for ever on libgomp's pool, which does not survive fork."""
@@ -117,8 +125,9 @@ def _limit_address_space(headroom_mib: int) -> str:
 @needs_plain_allocator
 def test_num_threads_600_under_an_address_space_limit():
     """The issue's case: 600 threads under a limit that leaves room for a
-    few ended the process with 'libgomp: Thread creation failed'."""
-    _run(_limit_address_space(64) + """
+    few (a stack per processor and more) ended the process with
+    'libgomp: Thread creation failed'."""
+    _run(_limit_address_space(32 + 2 * PROCS * STACK_MIB) + """
     with warnings.catch_warnings(record=True) as caught:
         assert same(layer(x, num_threads=600))
     assert not caught, [str(c.message) for c in caught]
@@ -126,7 +135,7 @@ def test_num_threads_600_under_an_address_space_limit():
 
 
 @needs_plain_allocator
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two processors")
+@two_processors
 def test_thread_the_os_cannot_start_never_ends_the_process():
     """With no room for even one more thread stack, a two-thread call runs on
     the calling thread alone, with one warning, and gives the same bits."""
@@ -137,4 +146,29 @@ def test_thread_the_os_cannot_start_never_ends_the_process():
     messages = [str(c.message) for c in caught]
     assert len(messages) == 1 and "could not start" in messages[0], messages
     assert thread_count() == before
+    """)
+
+
+@needs_plain_allocator
+@two_processors
+def test_pool_grown_when_first_asked_for_not_when_first_used():
+    """A first call that asks for two threads but has work for one (16 x 16)
+    grows the pool to two at once, while the OS can start the thread: a
+    later call that uses both then starts none, even after a Python thread
+    took the freed stack and the address space has no room left for
+    another (it ended the process inside libgomp)."""
+    _run(("""
+    import threading
+    small = qkern.WoqLinear(np.ones((16, 16), np.int8), np.ones(16, np.float32))
+    small(np.ones((1, 16), np.float32), num_threads=2)
+    done = threading.Event()
+    threading.stack_size(%d << 20)  # takes the stack the probe freed
+    waiter = threading.Thread(target=done.wait)
+    waiter.start()
+    """ % STACK_MIB) + _limit_address_space(2) + """
+    with warnings.catch_warnings(record=True) as caught:
+        assert same(layer(x, num_threads=2))
+    assert not caught, [str(c.message) for c in caught]
+    done.set()
+    waiter.join()
     """)

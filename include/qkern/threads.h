@@ -14,10 +14,10 @@
  *      two or more threads in a child forked after its parent ran one never
  *      returns; such a child runs every region on its calling thread alone;
  *   4. the OS: libgomp ends the whole process when it cannot start a thread,
- *      so before a calling thread first runs a team larger than any it ran
- *      before, the extra threads are started here (with the stack size
- *      libgomp gives its threads) and joined; the team is cut to as many as
- *      started.
+ *      so before a calling thread's pool grows, the extra threads are
+ *      started here (with the stack size libgomp gives its threads) and
+ *      joined, and the pool is grown at once; the team is cut to as many as
+ *      started, and that calling thread keeps to that many.
  *
  * The result is at least 1.  Limits 3 and 4 leave a notice, taken once per
  * process by qk_threads_take_notice(), so that the caller can warn.

@@ -13,11 +13,14 @@
  *   region on its calling thread (a team of one never touches the pool).
  * - When pthread_create fails (an address-space limit, a thread limit),
  *   libgomp prints "Thread creation failed" and exits.  So the first time a
- *   calling thread asks for a team larger than any it ran, the extra
- *   threads are started here, all at once, with the stack size libgomp will
- *   give them (OMP_STACKSIZE or GOMP_STACKSIZE, else the default), and
- *   joined; the team is cut to as many as started.  Freed stacks go to
- *   glibc's stack cache, where libgomp's threads find them.
+ *   calling thread asks for a team larger than its pool, the extra threads
+ *   are started here, all at once, with the stack size libgomp will give
+ *   them (OMP_STACKSIZE or GOMP_STACKSIZE, else the default), and joined;
+ *   the team is cut to as many as started (and that calling thread keeps
+ *   to that many), and an empty parallel region of that size then grows
+ *   the pool at once, on the stacks just freed (glibc keeps them in its
+ *   cache): later regions of the calling thread, up to that size, start no
+ *   thread, so none can fail.
  */
 #include "qkern/threads.h"
 
@@ -34,8 +37,10 @@ static atomic_int team_ran;      /* a team of two or more ran in this process */
 static atomic_int pool_lost;     /* this process is a child forked after that */
 static atomic_int notices_given; /* QK_THREADS_* bits reported so far */
 static atomic_int notices_pending;
-static _Thread_local int largest_team = 1; /* of the calling thread's pool */
+static _Thread_local int largest_team = 1; /* the calling thread's pool holds it */
+static _Thread_local int os_limit;         /* threads the OS started when it refused */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static volatile int pool_sink;
 
 static void leave_notice(int bit) {
   if (!(atomic_fetch_or(&notices_given, bit) & bit)) atomic_fetch_or(&notices_pending, bit);
@@ -100,15 +105,23 @@ int qk_threads_for_call(int requested) {
     leave_notice(QK_THREADS_FORKED);
     return 1;
   }
+  if (os_limit && threads > os_limit) threads = os_limit;
   if (threads > largest_team) {
     pthread_once(&atfork_once, register_atfork);
+    atomic_store(&team_ran, 1); /* the pool grows below: a child must not use it */
     const int started = 1 + start_and_join(threads - 1);
     if (started < threads) {
       leave_notice(QK_THREADS_OS_REFUSED);
-      threads = started;
+      os_limit = threads = started;
     }
-    if (threads > largest_team) largest_team = threads;
-    if (threads > 1) atomic_store(&team_ran, 1);
+    if (threads > largest_team) {
+      /* Grow the pool now, while the OS has just started as many threads:
+       * a later region of this size, whatever its work, starts none.  (An
+       * empty region would be compiled away.) */
+#pragma omp parallel num_threads(threads)
+      pool_sink = omp_get_thread_num();
+      largest_team = threads;
+    }
   }
   return threads;
 #else
