@@ -39,14 +39,21 @@ def registry():
     return out
 
 
+cdef _check_nr(uint32_t nr):
+    if nr == 0:
+        raise ValueError("layout: nr must be at least 1")
+
+
 def packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr):
-    """Bytes of an (n, k) weight packed in layout (nr, kr)."""
+    """Bytes of an (n, k) weight packed in layout (nr, kr) (SIZE_MAX: too many)."""
+    _check_nr(nr)
     return qk_woq_packed_size(n, k, nr, kr)
 
 
 def pack(const int8_t[:, ::1] w, uint32_t nr, uint32_t kr, int8_t[::1] out):
     """Pack a C-contiguous (N, K) int8 weight into ``out`` (packed_size bytes)."""
     cdef size_t n = w.shape[0], k = w.shape[1]
+    _check_nr(nr)
     if <size_t>out.shape[0] != qk_woq_packed_size(n, k, nr, kr):
         raise ValueError("packed buffer has the wrong size")
     cdef const int8_t* src = &w[0, 0] if n * k else NULL
@@ -59,6 +66,7 @@ def pack(const int8_t[:, ::1] w, uint32_t nr, uint32_t kr, int8_t[::1] out):
 def unpack(const int8_t[::1] packed, uint32_t nr, uint32_t kr, int8_t[:, ::1] out):
     """Unpack ``packed`` (layout (nr, kr)) into the C-contiguous (N, K) ``out``."""
     cdef size_t n = out.shape[0], k = out.shape[1]
+    _check_nr(nr)
     if <size_t>packed.shape[0] != qk_woq_packed_size(n, k, nr, kr):
         raise ValueError("packed buffer has the wrong size")
     cdef int8_t* dst = &out[0, 0] if n * k else NULL
@@ -70,6 +78,12 @@ def unpack(const int8_t[::1] packed, uint32_t nr, uint32_t kr, int8_t[:, ::1] ou
 cdef _check_holds(str name, size_t got, size_t needed):
     if got < needed:
         raise ValueError(f"{name}: holds {got} values, the problem needs {needed}")
+
+
+cdef int _check_dtype(const qk_woq_kernel* kern, int dtype) except -1:
+    if not 0 <= dtype <= 2 or not kern.dtypes & (1u << dtype):
+        raise ValueError(f"{kern.name.decode()}: does not take dtype code {dtype}")
+    return 0
 
 
 cdef int _check_vectors(const qk_woq_kernel* kern, size_t n, const float[::1] scale,
@@ -100,6 +114,7 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     if index >= qk_woq_num_kernels:
         raise IndexError("no such kernel")
     cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
+    _check_dtype(kern, dtype)
     _check_holds("packed weight", packed.shape[0], qk_woq_packed_size(n, k, kern.nr, kern.kr))
     _check_vectors(kern, n, scale, bias)
     cdef const float* bp = &bias[0] if bias is not None else NULL
@@ -150,12 +165,17 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     name = kern.name.decode()
     if kern.fn == NULL or kern.widen != NULL:
         raise ValueError(f"{name}: no single-call micro-kernel on packed panels; use gemm")
-    if not 1 <= mr <= min(kern.mr, 32) or nc == 0:
-        raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr} and nc >= 1, got {mr}, {nc}")
+    if not 1 <= mr <= min(kern.mr, 32):
+        raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr}, got mr = {mr}")
+    if nc == 0:
+        raise ValueError(f"{name}: expected nc >= 1 columns, got nc = 0")
+    _check_dtype(kern, dtype)
     if (x.ndim != 2 or <size_t>x.shape[0] < mr or <size_t>x.shape[1] < kc
+            or x.itemsize != (4 if dtype == 0 else 2)
             or (kc > 1 and x.strides[1] != x.itemsize)):
-        raise ValueError(f"x: expected {mr} rows of {kc} unit-stride elements, got shape "
-                         f"{(<object>x).shape}, strides {(<object>x).strides}")
+        raise ValueError(f"x: expected {mr} rows of {kc} unit-stride elements of dtype code "
+                         f"{dtype}, got {(<object>x).dtype}, shape {(<object>x).shape}, "
+                         f"strides {(<object>x).strides}")
     cdef size_t n_padded = (nc + kern.nr - 1) // kern.nr * kern.nr
     _check_holds("panels", panels.shape[0], qk_woq_packed_size(n_padded, kc, kern.nr, kern.kr))
     _check_vectors(kern, nc, scale, bias)

@@ -62,10 +62,6 @@ class PackedWeight:
 
     Attributes
     ----------
-    shape : tuple of int
-        ``(N, K)``.
-    layout : tuple of int
-        ``(nr, kr)``.
     format : str
         How the values are stored and scaled: ``"int8_per_channel"``.
 
@@ -85,11 +81,21 @@ class PackedWeight:
 
     def __init__(self, w, layout):
         w = check_int8_weight(w)
-        self.layout = _check_layout(layout)
-        self.shape = w.shape
+        self._layout = _check_layout(layout)
+        self._shape = w.shape
         self._data = _aligned_empty(_woq.packed_size(*self.shape, *self.layout))
         _woq.pack(w, *self.layout, self._data)
         self._data.flags.writeable = False
+
+    @property
+    def shape(self) -> tuple:
+        """``(N, K)``."""
+        return self._shape
+
+    @property
+    def layout(self) -> tuple:
+        """``(nr, kr)``: the kernels whose layout this is may read the bytes."""
+        return self._layout
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +131,7 @@ class PackedWeight:
         if state["format"] != FORMAT:
             raise ValueError(f"PackedWeight state: format {state['format']!r} is not {FORMAT!r}")
         if (not isinstance(shape, tuple) or len(shape) != 2
-                or not all(isinstance(v, int) and v >= 0 for v in shape)):
+                or not all(isinstance(v, int) and 0 <= v < 2**63 for v in shape)):
             raise ValueError(f"PackedWeight state: shape {shape!r} is not (N, K)")
         layout = _check_layout(state["layout"])
         if not isinstance(data, bytes):
@@ -133,7 +139,7 @@ class PackedWeight:
         if len(data) != _woq.packed_size(*shape, *layout):
             raise ValueError(f"PackedWeight state: {len(data)} bytes do not hold a {shape} "
                              f"weight in layout {layout}")
-        self.shape, self.layout = shape, layout
+        self._shape, self._layout = shape, layout
         self._data = _aligned_empty(len(data))
         self._data[:] = np.frombuffer(data, np.int8)
         self._data.flags.writeable = False

@@ -157,10 +157,14 @@ def _check_threads(num_threads) -> int:
     return int(num_threads)
 
 
-def _run(kern: Kernel, x, w_packed, n: int, k: int, scale_f32, bias_f32, out,
+def _run(kern: Kernel, x, w_packed, w_layout: tuple, n: int, k: int, scale_f32, bias_f32, out,
          num_threads, inputs: tuple, blocking: Blocking | None = None):
-    """Validate x/out against (n, k) and run ``kern`` (cut as ``blocking``
-    says, or by its default); returns the output array."""
+    """Validate x/out against (n, k) and the weight's layout tag against
+    ``kern``, and run ``kern`` (cut as ``blocking`` says, or by its
+    default); returns the output array."""
+    if w_layout != kern.layout:
+        raise ValueError(f"packed weight: layout {w_layout} is not the {kern.layout} that "
+                         f"{kern.name} reads")
     x = _check_array("x", x)
     if x.ndim < 1:
         raise ValueError("x: expected shape (..., K), got a 0-d array")
@@ -249,7 +253,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     m = math.prod(x.shape[:-1]) if x.ndim else 0
     kern = choose_kernel(x.dtype, m, unpacked_ok=True)
     w_packed = w.reshape(-1) if kern.kind == "unpacked" else PackedWeight(w, kern.layout).data
-    return _run(kern, x, w_packed, n, k, _padded_f32(scales, kern.nr),
+    return _run(kern, x, w_packed, kern.layout, n, k, _padded_f32(scales, kern.nr),
                 _padded_f32(bias, kern.nr), out, num_threads,
                 (("w", w), ("scales", scales), ("bias", bias)))
 
@@ -359,8 +363,8 @@ class WoqLinear:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
         m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self.shape
-        return _run(self.kernel_for(m), x, self._weight.data, n, k, self._scale_f32,
-                    self._bias_f32, out, num_threads, (), blocking)
+        return _run(self.kernel_for(m), x, self._weight.data, self._weight.layout, n, k,
+                    self._scale_f32, self._bias_f32, out, num_threads, (), blocking)
 
     def __getstate__(self) -> dict:
         """The layer as pickled: its packed weight, scales, bias, forced kernel."""

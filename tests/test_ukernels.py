@@ -4,8 +4,10 @@ tests/ukernel_tester.py.  The K-block (AMX) kernels have no single call;
 tests/test_kernels.py covers them through the driver and its blockings.
 """
 
+import numpy as np
 import pytest
 
+from qkern import _woq
 from conftest import kernel_params
 from reference import DTYPES
 from ukernel_tester import GemmTester
@@ -75,7 +77,16 @@ def test_tile_mismatch_and_bad_calls_are_refused(kern):
     t = GemmTester(kern).mr(kern.mr + 1)
     with pytest.raises(AssertionError, match=kern.name):
         t.test()
-    with pytest.raises(ValueError, match="mr"):
+    with pytest.raises(ValueError, match="mr = "):
         GemmTester(kern).m(kern.mr + 1).test()
-    with pytest.raises(ValueError, match="nc"):
+    with pytest.raises(ValueError, match="nc = 0"):
         GemmTester(kern).n(0).test()
+    panels = np.zeros(_woq.packed_size(kern.nr, 4, kern.nr, kern.kr), np.int8)
+    scale = np.zeros(kern.nr, np.float32)
+    c = np.zeros((1, kern.nr), np.float32)
+    with pytest.raises(ValueError, match="x: expected"):  # float16 rows read as float32
+        _woq.ukernel(kern.index, 1, 1, 4, np.zeros((1, 4), np.float16), 0, panels, scale,
+                     None, c, c.strides[0])
+    with pytest.raises(ValueError, match="dtype code 7"):
+        _woq.ukernel(kern.index, 1, 1, 4, np.zeros((1, 4), np.float32), 7, panels, scale,
+                     None, c, c.strides[0])

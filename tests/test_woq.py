@@ -270,18 +270,21 @@ def test_crafted_pickle_is_refused():
 
 def test_tampered_layer_attributes_refused_before_c():
     """Attributes changed behind the layer's back (the packed weight's shape
-    or bytes, the padded scales) are caught where the C driver would read
-    them: a ValueError, never a crash (in a process of its own, in case)."""
+    or bytes, the padded scales, a forced kernel of another layout) are
+    caught before the C driver reads them: a ValueError, never a crash or a
+    wrong result (in a process of its own, in case)."""
     proc = run_python("""
         import copy
         import numpy as np, qkern
         layer = qkern.WoqLinear(np.ones((64, 256), np.int8), np.ones(64, np.float32))
         x = np.ones((3, 256), np.float32)
         taller, shorter = copy.copy(layer.packed_weight), copy.copy(layer.packed_weight)
-        taller.shape = (4096, 256)
+        taller._shape = (4096, 256)
         shorter._data = shorter._data[:100]
+        other = next(k for k in qkern.kernels() if k.available and k.kind == "panels"
+                     and k.layout != layer.layout)
         for name, value in [("_weight", taller), ("_weight", shorter),
-                            ("_scale_f32", layer._scale_f32[:8])]:
+                            ("_scale_f32", layer._scale_f32[:8]), ("_forced", other)]:
             tampered = object.__new__(qkern.WoqLinear)
             tampered.__dict__.update(vars(layer), **{name: value})
             try:
@@ -292,7 +295,7 @@ def test_tampered_layer_attributes_refused_before_c():
                 raise SystemExit(f"tampered {name} was not refused")
         """)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
-    assert proc.stdout.count("refused") == 3, proc.stdout
+    assert proc.stdout.count("refused") == 4, proc.stdout
 
 
 @pytest.mark.parametrize("layout", sorted({k.layout for k in qkern.kernels()}))
@@ -321,6 +324,8 @@ def test_packed_weight_packs_unpacks_and_reports_its_size(layout):
     (lambda st: st.update(data=st["data"][:-1]), ValueError),
     (lambda st: st.update(shape=(st["shape"][0] + 1, st["shape"][1])), ValueError),
     (lambda st: st.update(shape=(-1, 3)), ValueError),
+    (lambda st: st.update(shape=(2**62, 4), data=b""), ValueError),  # its size wraps around
+    (lambda st: st.update(shape=(2**64, 1)), ValueError),
     (lambda st: st.update(layout=(8, 1)), ValueError),
     (lambda st: st.update(format="int4_groupwise"), ValueError),
     (lambda st: st.update(data=list(st["data"])), TypeError),
@@ -332,6 +337,13 @@ def test_packed_weight_refuses_a_crafted_state(fault, exc):
     fault(state)
     with pytest.raises(exc):
         object.__new__(PackedWeight).__setstate__(state)
+
+
+def test_packing_refuses_a_layout_of_no_panels():
+    with pytest.raises(ValueError, match="nr"):
+        qkern._woq.packed_size(1, 1, 0, 1)  # was a division by zero in C
+    with pytest.raises(ValueError, match="layout"):
+        PackedWeight(np.ones((2, 2), np.int8), (0, 1))
 
 
 def test_layer_pickles_its_packed_weight_and_takes_one():

@@ -203,7 +203,8 @@ extern const size_t qk_woq_num_kernels;
 /* k values per group of layout kr (kr, or all of k when kr == 0). */
 size_t qk_woq_group_len(size_t k, uint32_t kr);
 
-/* Bytes of the packed weight for (N, K) in layout (nr, kr). */
+/* Bytes of the packed weight for (N, K) in layout (nr, kr); SIZE_MAX if
+ * that does not fit in a size_t. */
 size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr);
 
 /* Packs w (N x K int8, rows ldw bytes apart) into out (packed_size bytes). */

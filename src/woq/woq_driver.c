@@ -172,6 +172,9 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
     p.panels_per_chunk = blocking->chunk_bytes / (p.k_block * p.nr);
   else
     p.panels_per_chunk = p.panel_bytes ? blocking->chunk_bytes / p.panel_bytes : p.full_panels;
+  /* At least one panel, and no more than there are: the per-thread buffers
+   * are sized from it. */
+  if (p.panels_per_chunk > p.full_panels) p.panels_per_chunk = p.full_panels;
   if (p.panels_per_chunk == 0) p.panels_per_chunk = 1;
   p.full_chunks = ceil_div(p.full_panels, p.panels_per_chunk);
   p.n_chunks = p.full_chunks + (n % p.nr != 0);

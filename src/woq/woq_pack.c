@@ -2,6 +2,7 @@
  * woq_pack.c -- packs an N x K int8 weight into the panel layout (nr, kr)
  * drawn in include/qkern/woq.h.  Portable C, baseline flags.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "qkern/woq.h"
@@ -11,7 +12,12 @@ static size_t round_up(size_t v, size_t q) { return (v + q - 1) / q * q; }
 size_t qk_woq_group_len(size_t k, uint32_t kr) { return kr ? kr : (k ? k : 1); }
 
 size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) {
-  return n / nr * nr * round_up(k, qk_woq_group_len(k, kr)) + n % nr * k;
+  size_t whole, rows, total;
+  const size_t kp = round_up(k, qk_woq_group_len(k, kr));
+  if (kp < k || __builtin_mul_overflow(n / nr * nr, kp, &whole) ||
+      __builtin_mul_overflow(n % nr, k, &rows) || __builtin_add_overflow(whole, rows, &total))
+    return SIZE_MAX;
+  return total;
 }
 
 /* Copies kr bytes; kr is 1 or 2 for every kernel, so those are inlined. */
@@ -37,9 +43,9 @@ static void move_panels(int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
   for (size_t p0 = 0; p0 < n; p0 += nr) {
     const size_t cols = n - p0 < nr ? n - p0 : nr;
     int8_t* group = panels + p0 * kp;
-    for (size_t g = 0; g <= full_groups; g++, group += nr * kr) {
+    for (size_t g = 0; g < full_groups + (tail != 0); g++, group += nr * kr) {
       const size_t run = g < full_groups ? kr : tail;
-      for (size_t j = 0; run && j < cols; j++) {
+      for (size_t j = 0; j < cols; j++) {
         int8_t* row = w + (p0 + j) * ldw + g * kr;
         if (to_panels)
           copy_run(group + j * kr, row, run);
