@@ -149,8 +149,9 @@ setup(
     options={"build": {"build_base": "build/sanitize"}} if SANITIZE else {},
     libraries=libraries(),
     ext_modules=cythonize(
-        [extension("_cpu"), extension("_woq"), extension("_roofline"), extension("_dlpack"),
-         cudnn_extension("_api"), cudnn_extension("_backend"), cudnn_extension("_graph")],
+        [extension("_cpu"), extension("_woq"), extension("_roofline"),
+         cudnn_extension("_api"), cudnn_extension("_backend"), cudnn_extension("_graph"),
+         cudnn_extension("_dlpack")],
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import qkern
-from qkern import _dlpack
+from qkern.cudnn import _dlpack
 from qkern._conv_spec import geometry
 from qkern.cudnn import CudnnError, CudnnUnavailableError, _conv, _device, _errors
 from qkern.cudnn._plancache import PlanCache

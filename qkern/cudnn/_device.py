@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qkern import _dlpack
+from qkern.cudnn import _dlpack
 from qkern.cudnn._errors import CudnnUnavailableError
 
 __all__ = ["ArraySpec", "DeviceArray", "alignment", "describe", "pixel_pitch", "require_cuda",
