@@ -43,7 +43,8 @@ ISA_LIBRARIES = [
         "qkern_avx2",
         "QKERN_HAVE_AVX2",
         ["-mavx2", "-mfma", "-mf16c"],
-        "__m256 v = _mm256_fmadd_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(2.f), _mm256_setzero_ps()); (void)v;",
+        "__m256 v = _mm256_fmadd_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(2.f), "
+        "_mm256_setzero_ps()); (void)v;",
         ["src/woq/f32-gemm-x16c1-avx2.c", "src/roofline/peak-vfmadd231ps-avx2.c"],
     ),
     (
@@ -60,13 +61,15 @@ ISA_LIBRARIES = [
         "qkern_avx512bf16",
         "QKERN_HAVE_AVX512_BF16",
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"],
-        "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()), _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())); (void)v;",
+        "__m512bh z = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); "
+        "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), z, z); (void)v;",
         ["src/woq/bf16-gemm-x32c2-avx512bf16.c", "src/roofline/peak-vdpbf16ps-avx512bf16.c"],
     ),
     (
         "qkern_amx",
         "QKERN_HAVE_AMX",
-        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16", "-mamx-tile",
+         "-mamx-bf16"],
         "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();",
         ["src/woq/bf16-gemm-x32c2-amx.c", "src/roofline/peak-tdpbf16ps-amx.c"],
     ),
@@ -90,7 +93,7 @@ def compiler_accepts(flags, statement):
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as f:
-            f.write("#include <immintrin.h>\nvoid probe(void) { %s }\n" % statement)
+            f.write(f"#include <immintrin.h>\nvoid probe(void) {{ {statement} }}\n")
         try:
             cc.compile([src], output_dir=tmp, extra_postargs=COMMON_CFLAGS + flags)
         except CompileError:

@@ -183,7 +183,8 @@ def table(tests: dict, rows: list[dict]) -> str:
         f"hypothesis shapes: {len(hyp)}, elements {elements}, mismatches {mism} "
         f"({mism / max(elements, 1):.2e}), all at fp32 ties by the test's assertion",
         f"rounding: {rounding.get('mode', '?')}, saturates: {rounding.get('saturates', '?')}; "
-        f"frontend mismatches: {frontend.get('mismatches', '?')} of {frontend.get('elements', '?')}",
+        f"frontend mismatches: {frontend.get('mismatches', '?')} of "
+        f"{frontend.get('elements', '?')}",
         f"torch.ops.quantized.conv2d (cuDNN) vs qkern.torch: mismatches "
         f"{parity.get('mismatches', '?')} of {parity.get('elements', '?')}, all at fp32 ties "
         "by the test's assertion",

@@ -98,14 +98,15 @@ def padding_pairs(v) -> tuple[tuple[int, int], tuple[int, int]]:
     ValueError
         A negative value.
     """
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(e, (tuple, list)) for e in v):
-        (t, b), (l, r) = pair("padding", v[0]), pair("padding", v[1])
+    sequence = (tuple, list)
+    if isinstance(v, sequence) and len(v) == 2 and all(isinstance(e, sequence) for e in v):
+        (top, bottom), (left, right) = pair("padding", v[0]), pair("padding", v[1])
     else:
-        (t, l) = pair("padding", v)
-        b, r = t, l
-    if min(t, b, l, r) < 0:
+        top, left = pair("padding", v)
+        bottom, right = top, left
+    if min(top, bottom, left, right) < 0:
         raise ValueError(f"padding: expected values >= 0, got {v!r}")
-    return (t, b), (l, r)
+    return (top, bottom), (left, right)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ class ConvGeometry:
 
     def describe(self) -> str:
         """A one-line summary for error messages."""
-        return (f"x=({self.n},{self.h},{self.w},{self.c}) w=({self.o},{self.kh},{self.kw},{self.cg}) "
+        return (f"x=({self.n},{self.h},{self.w},{self.c}) "
+                f"w=({self.o},{self.kh},{self.kw},{self.cg}) "
                 f"stride={self.stride} padding=({self.pad_h},{self.pad_w}) "
                 f"dilation={self.dilation} groups={self.groups}")
 
@@ -206,7 +208,8 @@ def geometry(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1) -> 
     if groups < 1:
         raise ValueError(f"groups: expected >= 1, got {groups}")
     if min(o, kh, kw, cg) < 1:
-        raise ValueError(f"w: expected a non-empty (O, kh, kw, C/groups) weight, got {tuple(w_shape)}")
+        raise ValueError("w: expected a non-empty (O, kh, kw, C/groups) weight, got "
+                         f"{tuple(w_shape)}")
     if c % groups or o % groups:
         raise ValueError(f"groups={groups} must divide C={c} and O={o}")
     if cg * groups != c:
@@ -217,7 +220,8 @@ def geometry(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1) -> 
     oh = (h + sum(pad_h) - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     ow = (w + sum(pad_w) - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     if oh < 1 or ow < 1:
-        raise ValueError(f"the dilated kernel ({dilation[0] * (kh - 1) + 1}, {dilation[1] * (kw - 1) + 1}) "
+        raise ValueError(f"the dilated kernel ({dilation[0] * (kh - 1) + 1}, "
+                         f"{dilation[1] * (kw - 1) + 1}) "
                          f"is larger than the padded input ({h + sum(pad_h)}, {w + sum(pad_w)})")
     return ConvGeometry(n, h, w, c, o, kh, kw, groups, stride, dilation, pad_h, pad_w, oh, ow)
 
@@ -295,7 +299,8 @@ def epilogue_constants(o: int, bias, *, act_scale, weight_scale, out_scale,
     out = _positive_scale("out_scale", out_scale)
     if isinstance(weight_scale, np.ndarray):
         if weight_scale.dtype != np.float32:
-            raise TypeError(f"weight_scale: expected a float or a float32 array, got dtype {weight_scale.dtype}")
+            raise TypeError("weight_scale: expected a float or a float32 array, got dtype "
+                            f"{weight_scale.dtype}")
         if weight_scale.shape != (o,):
             raise ValueError(f"weight_scale: expected shape ({o},) (one per output channel), "
                              f"got {weight_scale.shape}")

@@ -13,7 +13,6 @@ import os
 import sys
 from dataclasses import dataclass
 
-
 from qkern import _cpu, _woq
 from qkern._dtypes import DTYPE_CODES, dtype_name
 
@@ -111,7 +110,7 @@ class Blocking:
     k_block: int
     min_macs_per_thread: int
 
-    def check(self, kind: str) -> "Blocking":
+    def check(self, kind: str) -> Blocking:
         """This blocking, if the driver accepts it for a kernel of ``kind``.
 
         Raises
@@ -284,8 +283,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     ISA that accepts ``dtype`` (and, when given, reads ``layout``; else a
     packed layout) wins.  Within it, a kernel on driver-widened panels when
     ``m`` needs more than one of its row blocks (the widening is then
-    shared, and a partial last block costs only its rows); otherwise, of the kernels on packed panels, the widest MR when
-    ``m`` fills at least half of it, else the narrowest.
+    shared, and a partial last block costs only its rows); otherwise, of
+    the kernels on packed panels, the widest MR when ``m`` fills at least
+    half of it, else the narrowest.
     """
     name = dtype_name(dtype)
     usable = [k for k in REGISTRY if k.available and name in k.dtypes]

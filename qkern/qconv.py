@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from qkern import _conv_cpu
-from qkern._conv_spec import as_float, epilogue_constants, geometry, pair, padding_pairs
+from qkern._conv_spec import as_float, epilogue_constants, geometry, padding_pairs, pair
 
 __all__ = ["as_float", "epilogue_constants", "geometry", "pair", "padding_pairs", "qconv2d"]
 

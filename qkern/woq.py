@@ -14,8 +14,7 @@ import numpy as np
 
 from qkern import _cpu, _woq
 from qkern._dtypes import dtype_code, dtype_name
-from qkern.dispatch import (REGISTRY, Blocking, Kernel, choose_kernel, choose_layout,
-                            get_kernel)
+from qkern.dispatch import REGISTRY, Blocking, Kernel, choose_kernel, choose_layout, get_kernel
 from qkern.packing import PackedWeight, check_int8_weight
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
@@ -304,7 +303,8 @@ class WoqLinear:
         if self._forced is not None and dtype_name(self.dtype) not in self._forced.dtypes:
             raise ValueError(f"kernel {kernel!r} does not accept dtype {dtype_name(self.dtype)}")
         layout = self._forced.layout if self._forced else choose_layout(self.dtype)
-        self._weight = w.repacked(layout) if isinstance(w, PackedWeight) else PackedWeight(w, layout)
+        self._weight = (w.repacked(layout) if isinstance(w, PackedWeight)
+                        else PackedWeight(w, layout))
         self._scales = scales.copy()
         self._bias = None if bias is None else bias.copy()
         self._scale_f32 = _padded_f32(scales, layout[0])

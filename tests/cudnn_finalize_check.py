@@ -12,10 +12,11 @@ import itertools
 import json
 import sys
 
+from qkern.cudnn._graph import QConvGraph
+
 from qkern._conv_spec import geometry
 from qkern.cudnn import CudnnError, _api, _loader
 from qkern.cudnn._conv import graph_spec
-from qkern.cudnn._graph import QConvGraph
 
 GEOMETRIES = {
     "3x3 pad1": ((2, 8, 8, 16), (32, 3, 3, 16), dict(padding=1)),

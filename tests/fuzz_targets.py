@@ -141,7 +141,8 @@ class Buffers:
             at = np.unique(_byte_offsets(a)) + start
             breaks = np.flatnonzero(np.diff(at) > 2 * MARGIN)
             for first, last in zip(np.r_[at[0], at[breaks + 1]], np.r_[at[breaks], at[-1]]):
-                self._regions.append((buf, max(first - MARGIN, 0), min(last + 1 + MARGIN, buf.nbytes)))
+                self._regions.append((buf, max(first - MARGIN, 0),
+                                      min(last + 1 + MARGIN, buf.nbytes)))
         return a
 
     def buffer_of(self, a: np.ndarray) -> np.ndarray:
@@ -253,7 +254,8 @@ def param_refusals(w, scales, bias, kernel) -> list:
         bad.append("bias not an (N,) array of the dtype of scales")
     if kernel is not None:
         kern = {k.name: k for k in qkern.kernels()}.get(kernel)
-        if kern is None or not kern.available or (dtype in DTYPES and dtype.name not in kern.dtypes):
+        accepts = dtype not in DTYPES or dtype.name in getattr(kern, "dtypes", ())
+        if kern is None or not kern.available or not accepts:
             bad.append(f"kernel {kernel} cannot run here with dtype {dtype}")
     return bad
 
@@ -410,7 +412,8 @@ class WoqCall:
         if out is not None and y is not out:
             raise Finding("out given, another array returned")
         if y.shape != x.shape[:-1] + (self.n,) or y.dtype != x.dtype:
-            raise Finding(f"result {y.shape} {y.dtype}, expected {x.shape[:-1] + (self.n,)} {x.dtype}")
+            raise Finding(f"result {y.shape} {y.dtype}, "
+                          f"expected {x.shape[:-1] + (self.n,)} {x.dtype}")
         if y.size == 0:
             return
         distinct = tuple(slice(0, 1) if s == 0 and m > 1 else slice(None)

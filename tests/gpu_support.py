@@ -18,8 +18,6 @@ import qkern
 from qconv_reference import conv_accumulator
 
 
-
-
 def report(record: dict) -> None:
     """Append ``record`` to $QKERN_GPU_REPORT, if set."""
     path = os.environ.get("QKERN_GPU_REPORT")
@@ -29,7 +27,8 @@ def report(record: dict) -> None:
 
 
 def near_half(x, w, bias, kw):
-    """Where v*m (fp32) is within 2 ulp of a half-integer: the only places a difference may occur."""
+    """Where v*m (fp32) is within 2 ulp of a half-integer: the only places a difference
+    may occur."""
     f32 = np.float32
     acc = conv_accumulator(x, w, stride=kw["stride"], padding=kw["padding"],
                            dilation=kw["dilation"], groups=kw["groups"])

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 import qkern
-from qkern.cudnn import _dlpack
 from qkern._conv_spec import geometry
-from qkern.cudnn import CudnnError, CudnnUnavailableError, _conv, _device, _errors
+from qkern.cudnn import CudnnError, CudnnUnavailableError, _conv, _device, _dlpack, _errors
 from qkern.cudnn._plancache import PlanCache
 from qkern.cudnn._spec import GraphSpec
 
@@ -70,7 +69,8 @@ def test_import_and_cpu_path_without_any_cuda_package():
 
 def test_import_does_not_load_cuda_even_when_installed():
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, qkern; print('libcudnn' in open('/proc/self/maps').read(),"
+        [sys.executable, "-c",
+         "import sys, qkern; print('libcudnn' in open('/proc/self/maps').read(),"
          " sorted({m.split('.')[0] for m in sys.modules} & {'cuda', 'nvidia', 'cudnn'}))"],
         capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False []"
@@ -204,7 +204,8 @@ def _spec(**changes):
 def test_plan_key_depends_on_every_parameter():
     base = _spec()
     key = _conv.plan_key(base, False, 92801)
-    assert key == _conv.plan_key(_spec(), False, 92801) and hash(key) == hash(_conv.plan_key(_spec(), False, 92801))
+    same = _conv.plan_key(_spec(), False, 92801)
+    assert key == same and hash(key) == hash(same)
     changed = {
         "x_dims": (3, 16, 8, 8), "w_dims": (32, 16, 5, 5), "y_dims": (2, 32, 7, 8),
         "x_strides": (1, 1, 1, 1), "w_strides": (1, 1, 1, 1), "y_strides": (1, 1, 1, 1),

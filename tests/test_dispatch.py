@@ -94,7 +94,8 @@ def test_each_cpu_isa_has_its_kernels():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_choice_is_highest_available_isa(dtype):
     for m in (1, 2, 7, 64, 1000):
-        kern = dispatch.choose_kernel(np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype), m)
+        np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        kern = dispatch.choose_kernel(np_dtype, m)
         assert kern.available and dtype in kern.dtypes
         best = max(qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
                    if k.available and dtype in k.dtypes)

@@ -16,8 +16,15 @@ from hypothesis import strategies as st
 
 import fuzz_targets
 import qkern
-from fuzz_targets import (TARGETS, Draw, Finding, WoqCall, call_refusals, check_cli_args,
-                          param_refusals)
+from fuzz_targets import (
+    TARGETS,
+    Draw,
+    Finding,
+    WoqCall,
+    call_refusals,
+    check_cli_args,
+    param_refusals,
+)
 from qkern.__main__ import build_parser
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import qkern
-from qkern import _woq
 from conftest import kernel_params
+from qkern import _woq
 from reference import DTYPES, assert_woq_close
 
 POISON = np.nan

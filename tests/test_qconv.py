@@ -8,8 +8,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 import qkern
-from qkern import _conv_cpu
 from qconv_reference import conv_accumulator, qconv2d_reference, requantize
+from qkern import _conv_cpu
 
 I8 = np.int8
 
@@ -168,7 +168,8 @@ S = dict(act_scale=1.0, weight_scale=1.0, out_scale=1.0)
     ((X, W), dict(S, act_scale=0.0), ValueError, "act_scale"),
     ((X, W), dict(S, out_scale=float("nan")), ValueError, "out_scale"),
     ((X, W), dict(S, out_scale="1"), TypeError, "out_scale"),
-    ((X, W), dict(S, weight_scale=np.ones(3, np.float32)), ValueError, r"weight_scale: expected shape \(2,\)"),
+    ((X, W), dict(S, weight_scale=np.ones(3, np.float32)), ValueError,
+     r"weight_scale: expected shape \(2,\)"),
     ((X, W), dict(S, weight_scale=np.ones(2, np.float64)), TypeError, "weight_scale"),
     ((X, W), dict(S, weight_scale=np.array([1.0, -1.0], np.float32)), ValueError, "weight_scale"),
     ((X, W), dict(S, act_scale=1e-30, weight_scale=1e-30), ValueError, "underflows"),

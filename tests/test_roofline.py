@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import qkern
-from qkern import _roofline, bench, roofline, timing
 from bench_support import BENCHMARKS, load_benchmark
+from qkern import _roofline, bench, roofline, timing
 
 
 def test_peak_loops_match_the_build_and_cap():

@@ -157,15 +157,15 @@ def test_pool_grown_when_first_asked_for_not_when_first_used():
     later call that uses both then starts none, even after a Python thread
     took the freed stack and the address space has no room left for
     another (it ended the process inside libgomp)."""
-    _run(("""
+    _run((f"""
     import threading
     small = qkern.WoqLinear(np.ones((16, 16), np.int8), np.ones(16, np.float32))
     small(np.ones((1, 16), np.float32), num_threads=2)
     done = threading.Event()
-    threading.stack_size(%d << 20)  # takes the stack the probe freed
+    threading.stack_size({STACK_MIB} << 20)  # takes the stack the probe freed
     waiter = threading.Thread(target=done.wait)
     waiter.start()
-    """ % STACK_MIB) + _limit_address_space(2) + """
+    """) + _limit_address_space(2) + """
     with warnings.catch_warnings(record=True) as caught:
         assert same(layer(x, num_threads=2))
     assert not caught, [str(c.message) for c in caught]

@@ -148,5 +148,5 @@ def test_torch_flush_denormal_changes_no_bit():
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(threads)
-    for bits in got:
-        assert np.array_equal(bits, want)
+    for result in got:
+        assert np.array_equal(result, want)

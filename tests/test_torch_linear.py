@@ -16,8 +16,7 @@ from reference import BF16, DTYPES, U_OUT, woq_bound
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
 import qkern.torch as qt  # noqa: E402  (needs torch)
-from torch_support import (DTYPE_IDS, TORCH_DTYPES, bits, to_numpy, to_torch,  # noqa: E402
-                           woq_problem)
+from torch_support import DTYPE_IDS, TORCH_DTYPES, bits, to_numpy, to_torch, woq_problem  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

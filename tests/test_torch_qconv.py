@@ -190,7 +190,8 @@ ENGINES = [pytest.param(e, marks=() if e in torch.backends.quantized.supported_e
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_parity_with_pytorch_quantized_conv(engine, record_property):
-    """``torch.ops.quantized.conv2d`` on this CPU against qkern.torch.qconv2d, with the error analysis.
+    """``torch.ops.quantized.conv2d`` on this CPU against qkern.torch.qconv2d, with the error
+    analysis.
 
     PyTorch's CPU engines take quint8 activations, so they get the same real
     values as qkern's int8 ``x`` at zero point ``zp`` (``u8 = x + zp``, exact)

@@ -7,8 +7,8 @@ tests/test_kernels.py covers them through the driver and its blockings.
 import numpy as np
 import pytest
 
-from qkern import _woq
 from conftest import kernel_params
+from qkern import _woq
 from reference import DTYPES
 from ukernel_tester import GemmTester
 

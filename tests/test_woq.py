@@ -13,8 +13,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import qkern
-from qkern.packing import PackedWeight
 from process_support import run_python
+from qkern.packing import PackedWeight
 from reference import BF16, DTYPES, assert_woq_close, woq_reference
 
 DTYPE_IDS = [d.name for d in DTYPES]
@@ -455,7 +455,8 @@ def _ok():
     (lambda x, w, s: (x.astype(np.int8), w, s), TypeError, "x: expected dtype"),
     (lambda x, w, s: (x.tolist(), w, s), TypeError, "x: expected a numpy.ndarray"),
     (lambda x, w, s: (np.array(1.0, np.float32), w, s), ValueError, "x: expected shape"),
-    (lambda x, w, s: (np.ones((2, 5), np.float32), w, s), ValueError, "x: expected last dimension K=4"),
+    (lambda x, w, s: (np.ones((2, 5), np.float32), w, s), ValueError,
+     "x: expected last dimension K=4"),
     (lambda x, w, s: (x, w.astype(np.int16), s), TypeError, "w: expected dtype int8"),
     (lambda x, w, s: (x, w.astype(np.uint8), s), TypeError, "w: expected dtype int8"),
     (lambda x, w, s: (x, np.ones(4, np.int8), s), ValueError, "w: expected 2 dimension"),

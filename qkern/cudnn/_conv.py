@@ -92,7 +92,8 @@ def pad_channels(v: np.ndarray, groups: int) -> np.ndarray:
 
 
 def plan_key(spec: GraphSpec, autotune: bool, cudnn_version: int) -> tuple:
-    """The plan-cache key: the spec (shapes, strides, parameters, alignments, device), autotune, cuDNN."""
+    """The plan-cache key: the spec (shapes, strides, parameters, alignments, device),
+    autotune, cuDNN."""
     return (spec, bool(autotune), int(cudnn_version))
 
 
@@ -190,7 +191,8 @@ def choose_plan(spec: GraphSpec, handle, *, autotune: bool, run=None, stream=Non
         if plans:
             return min(plans, key=lambda p: _timed(p, run, stream))
     last = errors[-1] if errors else None
-    raise CudnnError(3000, "choose an engine (heuristics A and FALLBACK, virtual and in-place forms)",
+    raise CudnnError(3000,
+                     "choose an engine (heuristics A and FALLBACK, virtual and in-place forms)",
                      f"no engine config finalized; {len(errors)} attempts failed, last: {last}",
                      spec.describe()) from last
 

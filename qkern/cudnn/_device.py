@@ -47,7 +47,8 @@ def require_device(device: int):
         dev = core.Device(device)
         dev.set_current()
     except Exception as e:          # no driver, no device, bad ordinal
-        raise CudnnUnavailableError(f"no usable CUDA device {device} ({type(e).__name__}: {e})") from None
+        raise CudnnUnavailableError(
+            f"no usable CUDA device {device} ({type(e).__name__}: {e})") from None
     return dev
 
 
@@ -58,7 +59,8 @@ def alignment(ptr: int) -> int:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """Where an array's elements are: ``ptr + sum(i * s for i, s in zip(index, strides)) * itemsize``."""
+    """Where an array's elements are:
+    ``ptr + sum(i * s for i, s in zip(index, strides)) * itemsize``."""
 
     ptr: int
     shape: tuple
@@ -126,15 +128,17 @@ def pixel_pitch(name: str, a: ArraySpec) -> int:
     sn, sh, sw, sc = a.strides
     p = sw if w > 1 else (sh // w if h > 1 else (sn // (h * w) if n > 1 else c))
     ok = (c == 1 or sc == 1) and p >= c and all(
-        size == 1 or stride == want for size, stride, want in ((w, sw, p), (h, sh, w * p), (n, sn, h * w * p)))
+        size == 1 or stride == want
+        for size, stride, want in ((w, sw, p), (h, sh, w * p), (n, sn, h * w * p)))
     if not ok:
-        raise ValueError(f"{name}: expected NHWC memory with unit channel stride and pixels one stride "
-                         f"apart, got shape {a.shape} with element strides {a.strides}")
+        raise ValueError(f"{name}: expected NHWC memory with unit channel stride and pixels one "
+                         f"stride apart, got shape {a.shape} with element strides {a.strides}")
     return p
 
 
 def resolve_stream(stream, dev):
-    """A ``cuda.core.Stream`` from None, a Stream, ``__cuda_stream__``, a torch/CuPy stream or an int."""
+    """A ``cuda.core.Stream`` from None, a Stream, ``__cuda_stream__``, a torch/CuPy stream
+    or an int."""
     core, _ = _core()
     if stream is None:
         return dev.default_stream

@@ -96,7 +96,7 @@ class CudnnError(RuntimeError):
             msg += f" [problem: {problem}]"
         super().__init__(msg)
 
-    def with_problem(self, problem: str) -> "CudnnError":
+    def with_problem(self, problem: str) -> CudnnError:
         """The same error, naming the problem it occurred in."""
         return CudnnError(self.status, self.step, self.detail, problem)
 

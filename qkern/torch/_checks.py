@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from qkern.qconv import as_float, geometry, pair, padding_pairs
+from qkern.qconv import as_float, geometry, padding_pairs, pair
 from qkern.torch._interop import DTYPES
 
 __all__ = ["check_mm", "check_weights", "check_x", "conv_args", "conv_shape", "pads",

@@ -15,8 +15,7 @@ import torch
 import qkern
 from qkern.qconv import as_float
 from qkern.torch._checks import check_mm, conv_args, conv_shape, pads, scale_tensor
-from qkern.torch._interop import (as_numpy, host, int8_view, new_output, nhwc, run_into,
-                                  unquantize)
+from qkern.torch._interop import as_numpy, host, int8_view, new_output, nhwc, run_into, unquantize
 
 __all__ = ["qconv2d", "run_conv", "weight_int8pack_mm"]
 
