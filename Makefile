@@ -9,13 +9,15 @@
 #   make sanitize   the test suite under ASan + UBSan (ref, and the highest ISA)
 #   make valgrind   memcheck over the kernel tester and API tests (AVX2 cap)
 #   make fuzz       every fuzz target for FUZZ_SECONDS under atheris
+#   make lint       ruff (pyproject.toml) and clang-format (.clang-format)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BENCH_ARGS ?= --quick
 FUZZ_SECONDS ?= 60
 DEPS := "setuptools>=64" wheel "Cython>=3.0" "numpy>=2.0" "ml_dtypes>=0.4" \
-        "pytest>=8" "hypothesis>=6" "threadpoolctl>=3" "sphinx>=7" "numpydoc>=1.6"
+        "pytest>=8" "hypothesis>=6" "threadpoolctl>=3" "sphinx>=7" "numpydoc>=1.6" \
+        ruff==0.17.6 clang-format==18.1.8
 TORCH := torch==2.13.0
 # What the no-GPU cuDNN tests need: the cuDNN library itself (its graph API,
 # not cuBLAS: --no-deps skips the 400 MB nvidia-cublas it declares) and
@@ -27,7 +29,7 @@ PYTEST := -m pytest -q -p no:cacheprovider
 # ISA levels this CPU runs, lowest first (needs the build)
 ISAS = $$($(PY) -c "from qkern import dispatch as d; print(*d.ISA_LEVELS[:d.ISA_LEVELS.index(d.CPU_ISA) + 1])")
 
-.PHONY: build test bench docs clean sanitize valgrind fuzz
+.PHONY: build test bench docs clean sanitize valgrind fuzz lint
 
 $(VENV)/.deps: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +46,16 @@ build: $(VENV)/.deps
 docs: build
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
+# The linters are pinned: a new release may format or warn differently.
+lint: $(VENV)/.deps
+	$(VENV)/bin/ruff check --no-cache .
+	$(VENV)/bin/clang-format --dry-run -Werror $$(find src include tests -name '*.[ch]' | sort)
+	@echo "lint: ruff and clang-format clean"
+
 # QKERN_REQUIRE_CUDNN=1: the descriptor-finalization tests fail, not skip,
 # when the cuDNN wheel is missing.
 test: export QKERN_REQUIRE_CUDNN = 1
-test: docs sanitize valgrind fuzz
+test: lint docs sanitize valgrind fuzz
 	@set -e; for isa in $(ISAS); do \
 	  echo "=== QKERN_ISA=$$isa"; \
 	  QKERN_ISA=$$isa $(PY) $(PYTEST) tests; \

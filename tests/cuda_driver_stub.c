@@ -12,30 +12,44 @@
 
 typedef int CUresult;
 
-CUresult cuInit(unsigned flags) { (void)flags; return CUDA_ERROR_NO_DEVICE; }
-CUresult cuDriverGetVersion(int *v) { if (v) *v = 13000; return 0; }
-CUresult cuDeviceGetCount(int *n) { if (n) *n = 0; return CUDA_ERROR_NO_DEVICE; }
-CUresult cuGetErrorString(CUresult e, const char **s) {
-    static const char msg[] = "no CUDA device (qkern test stand-in driver)";
-    (void)e;
-    if (s) *s = msg;
-    return 0;
+CUresult cuInit(unsigned flags) {
+  (void)flags;
+  return CUDA_ERROR_NO_DEVICE;
 }
-CUresult cuGetErrorName(CUresult e, const char **s) {
-    static const char msg[] = "CUDA_ERROR_NO_DEVICE";
-    (void)e;
-    if (s) *s = msg;
-    return 0;
+CUresult cuDriverGetVersion(int* v) {
+  if (v) *v = 13000;
+  return 0;
 }
-CUresult cuGetProcAddress(const char *sym, void **p, int v, unsigned long long f) {
-    (void)sym; (void)v; (void)f;
-    if (p) *p = 0;
-    return CUDA_ERROR_NO_DEVICE;
+CUresult cuDeviceGetCount(int* n) {
+  if (n) *n = 0;
+  return CUDA_ERROR_NO_DEVICE;
 }
-CUresult cuGetProcAddress_v2(const char *sym, void **p, int v, unsigned long long f, void *st) {
-    (void)sym; (void)v; (void)f; (void)st;
-    if (p) *p = 0;
-    return CUDA_ERROR_NO_DEVICE;
+CUresult cuGetErrorString(CUresult e, const char** s) {
+  static const char msg[] = "no CUDA device (qkern test stand-in driver)";
+  (void)e;
+  if (s) *s = msg;
+  return 0;
+}
+CUresult cuGetErrorName(CUresult e, const char** s) {
+  static const char msg[] = "CUDA_ERROR_NO_DEVICE";
+  (void)e;
+  if (s) *s = msg;
+  return 0;
+}
+CUresult cuGetProcAddress(const char* sym, void** p, int v, unsigned long long f) {
+  (void)sym;
+  (void)v;
+  (void)f;
+  if (p) *p = 0;
+  return CUDA_ERROR_NO_DEVICE;
+}
+CUresult cuGetProcAddress_v2(const char* sym, void** p, int v, unsigned long long f, void* st) {
+  (void)sym;
+  (void)v;
+  (void)f;
+  (void)st;
+  if (p) *p = 0;
+  return CUDA_ERROR_NO_DEVICE;
 }
 CUresult cuModuleGetFunction(void) { return CUDA_ERROR_NO_DEVICE; }
 CUresult cuModuleLoadData(void) { return CUDA_ERROR_NO_DEVICE; }

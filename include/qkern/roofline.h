@@ -22,7 +22,7 @@ extern "C" {
 typedef float (*qk_peak_loop_fn)(size_t iters);
 
 typedef struct qk_peak_entry {
-  const char* name;        /* the instruction, e.g. "vdpbf16ps" */
+  const char* name; /* the instruction, e.g. "vdpbf16ps" */
   qk_peak_loop_fn fn;
   qk_isa isa;
   double flops_per_iter;

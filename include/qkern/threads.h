@@ -36,8 +36,8 @@ extern "C" {
 
 /* Bits of qk_threads_take_notice(). */
 enum {
-  QK_THREADS_FORKED = 1,     /* a call ran on one thread in a forked child */
-  QK_THREADS_OS_REFUSED = 2  /* the OS could not start all threads asked for */
+  QK_THREADS_FORKED = 1,    /* a call ran on one thread in a forked child */
+  QK_THREADS_OS_REFUSED = 2 /* the OS could not start all threads asked for */
 };
 
 /* The threads a call asking for `requested` may start (see above);

@@ -86,11 +86,9 @@ enum { QK_OK = 0, QK_ERR_ARG = 1, QK_ERR_NOMEM = 2 };
  *   scale   nc (rounded up to nr) f32 scales;  bias: same, or NULL
  *   c       first output row; rows c_stride bytes apart; dtype dt
  */
-typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc,
-                                  const void* const* a, qk_dtype dt,
-                                  const int8_t* w, const float* scale,
-                                  const float* bias, void* c,
-                                  ptrdiff_t c_stride);
+typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc, const void* const* a,
+                                  qk_dtype dt, const int8_t* w, const float* scale,
+                                  const float* bias, void* c, ptrdiff_t c_stride);
 
 /*
  * A K-block micro-kernel (a kernel on packed x) computes one block of K for
@@ -176,9 +174,9 @@ typedef struct qk_woq_blocking {
 typedef struct qk_woq_kernel {
   const char* name;
   qk_woq_kind kind;
-  qk_isa isa;               /* the lowest ISA level with every feature it uses */
+  qk_isa isa; /* the lowest ISA level with every feature it uses */
   uint32_t mr, nr, kr;
-  uint32_t dtypes;          /* bit (1 << qk_dtype) set for each x dtype accepted */
+  uint32_t dtypes; /* bit (1 << qk_dtype) set for each x dtype accepted */
   qk_woq_format format;
   uint32_t group_size;      /* k values per scale: 0 = all of K (per channel) */
   uint32_t traits;          /* QK_TRAIT_* bits */
@@ -208,8 +206,8 @@ size_t qk_woq_group_len(size_t k, uint32_t kr);
 size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr);
 
 /* Packs w (N x K int8, rows ldw bytes apart) into out (packed_size bytes). */
-void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
-                 uint32_t kr, int8_t* out);
+void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr, uint32_t kr,
+                 int8_t* out);
 
 /* Unpacks `packed` (layout nr, kr) into w (N x K int8, rows ldw bytes
  * apart): the inverse of qk_woq_pack(). */
@@ -235,10 +233,10 @@ void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr
  * qkern/threads.h, first).  Each thread runs under the floating-point
  * environment of qkern/fpenv.h.  Returns QK_OK or an error code.
  */
-int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
-                size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
-                const int64_t* x_offsets, const int8_t* packed, const float* scale,
-                const float* bias, char* y, int64_t y_stride, int num_threads);
+int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
+                size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
+                const int8_t* packed, const float* scale, const float* bias, char* y,
+                int64_t y_stride, int num_threads);
 
 #ifdef __cplusplus
 }

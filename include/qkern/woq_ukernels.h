@@ -10,10 +10,9 @@
 
 #include "qkern/woq.h"
 
-#define QK_DECLARE_UKERNEL(NAME)                                              \
-  void NAME(size_t mr, size_t nc, size_t kc, const void* const* a,            \
-            qk_dtype dt, const int8_t* w, const float* scale,                 \
-            const float* bias, void* c, ptrdiff_t c_stride);
+#define QK_DECLARE_UKERNEL(NAME)                                                                 \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* const* a, qk_dtype dt, const int8_t* w, \
+            const float* scale, const float* bias, void* c, ptrdiff_t c_stride);
 
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__ref)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__ref)
@@ -27,10 +26,10 @@ QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
 
 /* K-block kernels on packed x (qk_woq_kblock_fn). */
-#define QK_DECLARE_KBLOCK(NAME)                                                     \
-  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt,            \
-            const int8_t* w, size_t w_panel_stride, float* acc, int first, int last, \
-            const float* scale, const float* bias, void* c, ptrdiff_t c_stride);
+#define QK_DECLARE_KBLOCK(NAME)                                                           \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w, \
+            size_t w_panel_stride, float* acc, int first, int last, const float* scale,   \
+            const float* bias, void* c, ptrdiff_t c_stride);
 
 QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
@@ -39,7 +38,6 @@ QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
-void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out,
-                           size_t chunk_stride);
+void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);
 
 #endif /* QKERN_WOQ_UKERNELS_H */

@@ -42,7 +42,7 @@ void qk_cpu_detect(qk_cpu_features* f) {
   if (!osxsave || !cpu_avx) return;
 
   const unsigned long long xcr0 = read_xcr0();
-  const int os_ymm = (xcr0 & 0x6) == 0x6;          /* SSE + AVX state */
+  const int os_ymm = (xcr0 & 0x6) == 0x6;             /* SSE + AVX state */
   const int os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0; /* opmask, ZMM hi */
   const int os_tile = (xcr0 & 0x60000) == 0x60000;    /* XTILECFG, XTILEDATA */
   if (!os_ymm) return;
@@ -74,7 +74,7 @@ void qk_cpu_detect(qk_cpu_features* f) {
   }
 }
 
-#else  /* not x86 */
+#else /* not x86 */
 
 void qk_cpu_detect(qk_cpu_features* f) { memset(f, 0, sizeof(*f)); }
 

@@ -84,10 +84,10 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
 /* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
  * into the B tiles; else packed int8 panels, widened here chunk by chunk.
  * Rows 16..31 (when mr > 16) reuse each B tile loaded for rows 0..15. */
-QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc,
-                        size_t kc, const char* at, const int8_t* w, size_t w_panel_stride,
-                        float* acc, int first, int last, const float* scale, const float* bias,
-                        void* c, ptrdiff_t c_stride) {
+QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                        const char* at, const int8_t* w, size_t w_panel_stride, float* acc,
+                        int first, int last, const float* scale, const float* bias, void* c,
+                        ptrdiff_t c_stride) {
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
   const size_t sub = CHUNKS_PER_SUB_BLOCK / planes;
   uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
@@ -169,24 +169,24 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
 }
 
 /* The two kernels differ only in where B comes from. */
-#define AMX_KBLOCK(NAME, PREWIDENED)                                                      \
-  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w, \
-            size_t w_panel_stride, float* acc, int first, int last, const float* scale,   \
-            const float* bias, void* c, ptrdiff_t c_stride) {                             \
-    switch (dt) {                                                                         \
-      case QK_F32:                                                                        \
-        amx_body(PREWIDENED, QK_F32, mr, nc, kc, (const char*)a, w, w_panel_stride, acc,  \
-                 first, last, scale, bias, c, c_stride);                                  \
-        break;                                                                            \
-      case QK_F16:                                                                        \
-        amx_body(PREWIDENED, QK_F16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc,  \
-                 first, last, scale, bias, c, c_stride);                                  \
-        break;                                                                            \
-      case QK_BF16:                                                                       \
-        amx_body(PREWIDENED, QK_BF16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, \
-                 first, last, scale, bias, c, c_stride);                                  \
-        break;                                                                            \
-    }                                                                                     \
+#define AMX_KBLOCK(NAME, PREWIDENED)                                                             \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w,        \
+            size_t w_panel_stride, float* acc, int first, int last, const float* scale,          \
+            const float* bias, void* c, ptrdiff_t c_stride) {                                    \
+    switch (dt) {                                                                                \
+      case QK_F32:                                                                               \
+        amx_body(PREWIDENED, QK_F32, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, first,  \
+                 last, scale, bias, c, c_stride);                                                \
+        break;                                                                                   \
+      case QK_F16:                                                                               \
+        amx_body(PREWIDENED, QK_F16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, first,  \
+                 last, scale, bias, c, c_stride);                                                \
+        break;                                                                                   \
+      case QK_BF16:                                                                              \
+        amx_body(PREWIDENED, QK_BF16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, first, \
+                 last, scale, bias, c, c_stride);                                                \
+        break;                                                                                   \
+    }                                                                                            \
   }
 
 AMX_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx, 0)

@@ -22,8 +22,8 @@ QK_INLINE void widen_group(const int8_t* wp, __m512bh* b0, __m512bh* b1) {
   *b1 = _mm512_cvtne2ps_pbh(qk512_i8_to_f32(wp + 48), qk512_i8_to_f32(wp + 32));
 }
 
-QK_INLINE void bf16_step(const size_t MR, __m512 acc[][2], const char* const* ar,
-                         const int8_t* wp, size_t k, int both) {
+QK_INLINE void bf16_step(const size_t MR, __m512 acc[][2], const char* const* ar, const int8_t* wp,
+                         size_t k, int both) {
   __m512bh b0, b1;
   widen_group(wp, &b0, &b1);
   for (size_t i = 0; i < MR; i++) {
@@ -35,10 +35,9 @@ QK_INLINE void bf16_step(const size_t MR, __m512 acc[][2], const char* const* ar
   }
 }
 
-QK_INLINE void bf16_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                               size_t kc, const void* const* a, const int8_t* w,
-                               const float* scale, const float* bias, void* c,
-                               ptrdiff_t c_stride) {
+QK_INLINE void bf16_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                               const void* const* a, const int8_t* w, const float* scale,
+                               const float* bias, void* c, ptrdiff_t c_stride) {
   (void)DT;
   const char* ar[8];
   char* cr[8];

@@ -14,9 +14,8 @@
 #include "qkern/woq.h"
 #include "scalar-convert.h"
 
-static void f32_gemm_ref(size_t MR, size_t NR, size_t KR, size_t mr, size_t nc,
-                         size_t kc, const void* const* a, qk_dtype dt,
-                         const int8_t* w, const float* scale,
+static void f32_gemm_ref(size_t MR, size_t NR, size_t KR, size_t mr, size_t nc, size_t kc,
+                         const void* const* a, qk_dtype dt, const int8_t* w, const float* scale,
                          const float* bias, void* c, ptrdiff_t c_stride) {
   assert(mr >= 1 && mr <= MR && nc >= 1);
   (void)MR;
@@ -41,12 +40,11 @@ static void f32_gemm_ref(size_t MR, size_t NR, size_t KR, size_t mr, size_t nc,
   }
 }
 
-#define QK_DEFINE_REF(MR, NR, KR)                                                      \
-  void qk_woq_f32_gemm_ukernel_##MR##x##NR##c##KR##__ref(                              \
-      size_t mr, size_t nc, size_t kc, const void* const* a, qk_dtype dt,              \
-      const int8_t* w, const float* scale, const float* bias, void* c,                 \
-      ptrdiff_t c_stride) {                                                            \
-    f32_gemm_ref(MR, NR, KR, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);          \
+#define QK_DEFINE_REF(MR, NR, KR)                                                          \
+  void qk_woq_f32_gemm_ukernel_##MR##x##NR##c##KR##__ref(                                  \
+      size_t mr, size_t nc, size_t kc, const void* const* a, qk_dtype dt, const int8_t* w, \
+      const float* scale, const float* bias, void* c, ptrdiff_t c_stride) {                \
+    f32_gemm_ref(MR, NR, KR, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);              \
   }
 
 QK_DEFINE_REF(4, 16, 1)

@@ -59,10 +59,9 @@ QK_INLINE void store_row(char* row, size_t n, qk_dtype DT, __m256 v, size_t coun
   }
 }
 
-QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                              size_t kc, const void* const* a, const int8_t* w,
-                              const float* scale, const float* bias, void* c,
-                              ptrdiff_t c_stride) {
+QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                              const void* const* a, const int8_t* w, const float* scale,
+                              const float* bias, void* c, ptrdiff_t c_stride) {
   const char* ar[4];
   char* cr[4];
   qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);

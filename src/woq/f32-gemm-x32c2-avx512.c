@@ -40,8 +40,8 @@ QK_INLINE __m512 bcast_pair(const char* row, size_t k, qk_dtype DT, int both) {
 }
 
 /* One k-group: acc[i] += widen(w[k..k+1]) * (x_i[k], x_i[k+1]). */
-QK_INLINE void f32_step(const size_t MR, const qk_dtype DT, __m512 acc[][4],
-                        const char* const* ar, const int8_t* wp, size_t k, int both) {
+QK_INLINE void f32_step(const size_t MR, const qk_dtype DT, __m512 acc[][4], const char* const* ar,
+                        const int8_t* wp, size_t k, int both) {
   const __m512 w0 = qk512_i8_to_f32(wp), w1 = qk512_i8_to_f32(wp + 16);
   const __m512 w2 = qk512_i8_to_f32(wp + 32), w3 = qk512_i8_to_f32(wp + 48);
   for (size_t i = 0; i < MR; i++) {
@@ -53,10 +53,9 @@ QK_INLINE void f32_step(const size_t MR, const qk_dtype DT, __m512 acc[][4],
   }
 }
 
-QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                              size_t kc, const void* const* a, const int8_t* w,
-                              const float* scale, const float* bias, void* c,
-                              ptrdiff_t c_stride) {
+QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                              const void* const* a, const int8_t* w, const float* scale,
+                              const float* bias, void* c, ptrdiff_t c_stride) {
   const char* ar[4];
   char* cr[4];
   qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);

@@ -66,10 +66,9 @@ QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc
   }
 }
 
-QK_INLINE void f32_gemv_x1c0(const size_t MR, const qk_dtype DT, size_t mr, size_t nc,
-                             size_t kc, const void* const* a, const int8_t* w,
-                             const float* scale, const float* bias, void* c,
-                             ptrdiff_t c_stride) {
+QK_INLINE void f32_gemv_x1c0(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                             const void* const* a, const int8_t* w, const float* scale,
+                             const float* bias, void* c, ptrdiff_t c_stride) {
   (void)MR;
   switch (mr) {
     case 1: gemv_rows(1, DT, nc, kc, a, w, scale, bias, c, c_stride); break;

@@ -18,9 +18,9 @@ QK_INLINE __m512 qk512_i8_to_f32(const int8_t* p) {
 }
 
 /* Word indices of the high halves of the 32 f32 lanes of two vectors. */
-static const uint16_t qk512_high_halves[32] __attribute__((aligned(64))) = {
-    1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+static const uint16_t qk512_high_halves[32]
+    __attribute__((aligned(64))) = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
 
 /* 32 int8 at p -> 32 bf16 in order: the high half of each exact f32, which
  * is exact as |w| <= 128 has at most 8 significant bits.  idx is
@@ -55,23 +55,19 @@ QK_INLINE void qk512_store(char* row, size_t n, qk_dtype DT, __m512 v, __mmask16
   const size_t esize = DT == QK_F32 ? 4 : 2;
   QK_ASAN_CHECK(row + esize * n, esize * qk512_mask_span(mask), 1);
   switch (DT) {
-    case QK_F32:
-      _mm512_mask_storeu_ps(row + 4 * n, mask, v);
-      break;
+    case QK_F32: _mm512_mask_storeu_ps(row + 4 * n, mask, v); break;
     case QK_F16:
       _mm256_mask_storeu_epi16(row + 2 * n, mask,
                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       break;
-    case QK_BF16:
-      _mm256_mask_storeu_epi16(row + 2 * n, mask, qk512_f32_to_bf16(v));
-      break;
+    case QK_BF16: _mm256_mask_storeu_epi16(row + 2 * n, mask, qk512_f32_to_bf16(v)); break;
   }
 }
 
 /* Epilogue of 16 columns from col: acc * scale (+ bias), one rounding to DT,
  * the mask's lanes stored at element col of row. */
-QK_INLINE void qk512_epilogue(char* row, size_t col, qk_dtype DT, __m512 acc, __m512 s,
-                              __m512 b, int has_bias, __mmask16 mask) {
+QK_INLINE void qk512_epilogue(char* row, size_t col, qk_dtype DT, __m512 acc, __m512 s, __m512 b,
+                              int has_bias, __mmask16 mask) {
   __m512 v = _mm512_mul_ps(acc, s);
   if (has_bias) v = _mm512_add_ps(v, b);
   qk512_store(row, col, DT, v, mask);

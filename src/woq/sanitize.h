@@ -19,7 +19,7 @@
 #include <sanitizer/asan_interface.h>
 
 static inline __attribute__((always_inline)) void qk_asan_check(const void* p, size_t bytes,
-                                                               int is_write) {
+                                                                int is_write) {
   void* bad = __asan_region_is_poisoned((void*)p, bytes);
   if (bad)
     __asan_report_error(__builtin_return_address(0), __builtin_frame_address(0),

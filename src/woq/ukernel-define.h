@@ -29,28 +29,27 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
   }
 }
 
-#define QK_UKERNEL_PARAMS                                                     \
-  size_t mr, size_t nc, size_t kc, const void *const *a, qk_dtype dt,         \
-      const int8_t *w, const float *scale, const float *bias, void *c,        \
-      ptrdiff_t c_stride
+#define QK_UKERNEL_PARAMS                                                              \
+  size_t mr, size_t nc, size_t kc, const void *const *a, qk_dtype dt, const int8_t *w, \
+      const float *scale, const float *bias, void *c, ptrdiff_t c_stride
 
 #define QK_UKERNEL_ARGS mr, nc, kc, a, w, scale, bias, c, c_stride
 
 /* A kernel for f32, f16 and bf16 x. */
-#define QK_DEFINE_UKERNEL_ALL_DTYPES(NAME, BODY, MR)                          \
-  void NAME(QK_UKERNEL_PARAMS) {                                              \
-    switch (dt) {                                                             \
-      case QK_F32: BODY(MR, QK_F32, QK_UKERNEL_ARGS); break;                  \
-      case QK_F16: BODY(MR, QK_F16, QK_UKERNEL_ARGS); break;                  \
-      case QK_BF16: BODY(MR, QK_BF16, QK_UKERNEL_ARGS); break;                \
-    }                                                                         \
+#define QK_DEFINE_UKERNEL_ALL_DTYPES(NAME, BODY, MR)           \
+  void NAME(QK_UKERNEL_PARAMS) {                               \
+    switch (dt) {                                              \
+      case QK_F32: BODY(MR, QK_F32, QK_UKERNEL_ARGS); break;   \
+      case QK_F16: BODY(MR, QK_F16, QK_UKERNEL_ARGS); break;   \
+      case QK_BF16: BODY(MR, QK_BF16, QK_UKERNEL_ARGS); break; \
+    }                                                          \
   }
 
 /* A kernel for bf16 x only (the registry never hands it another dtype). */
-#define QK_DEFINE_UKERNEL_BF16(NAME, BODY, MR)                                \
-  void NAME(QK_UKERNEL_PARAMS) {                                              \
-    (void)dt;                                                                 \
-    BODY(MR, QK_BF16, QK_UKERNEL_ARGS);                                       \
+#define QK_DEFINE_UKERNEL_BF16(NAME, BODY, MR) \
+  void NAME(QK_UKERNEL_PARAMS) {               \
+    (void)dt;                                  \
+    BODY(MR, QK_BF16, QK_UKERNEL_ARGS);        \
   }
 
 #endif /* QKERN_UKERNEL_DEFINE_H */

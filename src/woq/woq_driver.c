@@ -57,9 +57,9 @@ size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt) {
 typedef struct plan {
   const qk_woq_kernel* kern;
   size_t m, n, k, nr, panel_bytes, panels_per_chunk, esize;
-  size_t rows, k_block; /* from the blocking (qkern/woq.h) */
+  size_t rows, k_block;                      /* from the blocking (qkern/woq.h) */
   size_t full_panels, full_chunks, n_chunks; /* n_chunks: + 1 for a partial panel */
-  size_t x_group_bytes; /* packed x: bytes per 32-row group; 0: x as is */
+  size_t x_group_bytes;                      /* packed x: bytes per 32-row group; 0: x as is */
   qk_dtype dt;
   const int8_t* packed;
   const int8_t* last_panel; /* the partial last panel, padded (see qk_woq_gemm) */
@@ -111,8 +111,8 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
 /* A kernel on packed x: rows m0 .. m_end-1 (packed in x_block from row m0,
  * a multiple of 32 rows) times chunk nb, K block by K block; acc holds the
  * thread's f32 sums, roundup(nc, 32) per row. */
-static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end,
-                            const char* x_block, char* wide, float* acc) {
+static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x_block,
+                            char* wide, float* acc) {
   size_t n0, nc;
   const int8_t* chunk = chunk_panels(p, nb, &n0, &nc);
   const size_t panels = ceil_div(nc, p->nr), ld = panels * p->nr;
@@ -146,28 +146,39 @@ static int blocking_valid(const qk_woq_blocking* b, int packing_x) {
                    : b->k_block == 0;
 }
 
-int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
-                size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
-                const int64_t* x_offsets, const int8_t* packed, const float* scale,
-                const float* bias, char* y, int64_t y_stride, int num_threads) {
+int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
+                size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
+                const int8_t* packed, const float* scale, const float* bias, char* y,
+                int64_t y_stride, int num_threads) {
   const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
   if (kern && !blocking) blocking = &kern->blocking;
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
       kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
-      (packing_x ? !kern->pack_x || !kern->kblock || kern->mr != 32 || kern->nr != 32 ||
-                       kern->kr != 2
-                 : !kern->fn) ||
+      (packing_x
+           ? !kern->pack_x || !kern->kblock || kern->mr != 32 || kern->nr != 32 || kern->kr != 2
+           : !kern->fn) ||
       !blocking_valid(blocking, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
 
   const size_t kr = qk_woq_group_len(k, kern->kr);
-  plan p = {.kern = kern, .m = m, .n = n, .k = k, .nr = kern->nr,
-            .panel_bytes = ceil_div(k, kr) * kr * kern->nr, .esize = dt == QK_F32 ? 4 : 2,
+  plan p = {.kern = kern,
+            .m = m,
+            .n = n,
+            .k = k,
+            .nr = kern->nr,
+            .panel_bytes = ceil_div(k, kr) * kr * kern->nr,
+            .esize = dt == QK_F32 ? 4 : 2,
             .full_panels = n / kern->nr,
             .x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
-            .dt = dt, .packed = packed, .scale = scale, .bias = bias, .y = y,
-            .y_stride = y_stride, .rows = blocking->rows, .k_block = blocking->k_block};
+            .dt = dt,
+            .packed = packed,
+            .scale = scale,
+            .bias = bias,
+            .y = y,
+            .y_stride = y_stride,
+            .rows = blocking->rows,
+            .k_block = blocking->k_block};
   if (packing_x)
     p.panels_per_chunk = blocking->chunk_bytes / (p.k_block * p.nr);
   else

@@ -33,8 +33,8 @@ static inline void copy_run(int8_t* dst, const int8_t* src, size_t kr) {
 /* Moves n rows of w (rows ldw bytes apart) into roundup(n, nr) / nr whole
  * panels, padded with zeros (to_panels), or the panels' values back into
  * the rows (w is written only then). */
-static void move_panels(int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
-                        uint32_t kr_tag, int8_t* panels, int to_panels) {
+static void move_panels(int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr, uint32_t kr_tag,
+                        int8_t* panels, int to_panels) {
   const size_t kr = qk_woq_group_len(k, kr_tag);
   const size_t kp = round_up(k, kr), full_groups = k / kr, tail = k % kr;
   if (to_panels) memset(panels, 0, round_up(n, nr) * kp);
@@ -75,6 +75,6 @@ void qk_woq_unpack(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32
 void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,
                            int8_t* out) {
   const size_t whole = n / nr * nr;
-  move_panels((int8_t*)packed + qk_woq_packed_size(whole, k, nr, kr), k, n - whole, k, nr, kr,
-              out, 1);
+  move_panels((int8_t*)packed + qk_woq_packed_size(whole, k, nr, kr), k, n - whole, k, nr, kr, out,
+              1);
 }

@@ -25,17 +25,17 @@
 /* The portable kernels are held to the AVX2 FMA peak, the least a machine
  * that measures a roofline has. */
 const qk_woq_kernel qk_woq_kernels[] = {
-    {"f32_gemm_4x16c1__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 16, 1, ALL, INT8, 0,
-     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__ref},
-    {"f32_gemm_4x32c2__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 32, 2, ALL, INT8, 0,
-     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__ref},
-    {"f32_gemm_4x1c0__ref", QK_WOQ_UNPACKED, QK_ISA_REF, 4, 1, 0, ALL, INT8, 0,
-     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
+    {"f32_gemm_4x16c1__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__ref},
+    {"f32_gemm_4x32c2__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 32, 2, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__ref},
+    {"f32_gemm_4x1c0__ref", QK_WOQ_UNPACKED, QK_ISA_REF, 4, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
 #ifdef QKERN_HAVE_AVX2
-    {"f32_gemm_1x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 1, 16, 1, ALL, INT8, 0,
-     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2},
-    {"f32_gemm_4x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 4, 16, 1, ALL, INT8, 0,
-     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__avx2},
+    {"f32_gemm_1x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 1, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2},
+    {"f32_gemm_4x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 4, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__avx2},
 #endif
 #ifdef QKERN_HAVE_AVX512
     {"f32_gemm_1x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 1, 32, 2, ALL, INT8, 0,
@@ -52,11 +52,11 @@ const qk_woq_kernel qk_woq_kernels[] = {
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16},
 #endif
 #ifdef QKERN_HAVE_AMX
-    {"bf16_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8,
-     FLUSHES | SPLITS, "tdpbf16ps", KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
+    {"bf16_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8, FLUSHES | SPLITS,
+     "tdpbf16ps", KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
      .kblock = qk_woq_bf16_gemm_kblock_32x32c2__amx},
-    {"bf16w_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8,
-     FLUSHES | SPLITS, "tdpbf16ps", KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c2__avx512,
+    {"bf16w_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8, FLUSHES | SPLITS,
+     "tdpbf16ps", KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c2__avx512,
      .pack_x = qk_woq_pack_x__avx512, .kblock = qk_woq_bf16w_gemm_kblock_32x32c2__amx},
 #endif
 };
