@@ -103,7 +103,7 @@ sanitize: build
 	@set -e; for isa in $(SAN_ISAS); do \
 	  echo "=== sanitize: ASan + UBSan, QKERN_ISA=$$isa"; \
 	  QKERN_ISA=$$isa $(call san_env,$(SAN)/reports) $(PY) $(PYTEST) --capture=sys \
-	    --ignore=tests/test_cudnn_descriptors.py tests || { \
+	    --ignore=tests/qconv/test_cudnn_descriptors.py tests || { \
 	    echo "sanitize: FAILED under QKERN_ISA=$$isa"; cat $(SAN)/reports/* 2>/dev/null; exit 1; }; \
 	done
 	@if [ -n "$$(ls $(SAN)/reports)" ]; then cat $(SAN)/reports/*; \
@@ -117,7 +117,7 @@ sanitize: build
 # interpreter's and glibc's own reports.
 VG := build/valgrind
 VALGRIND := valgrind --tool=memcheck --error-exitcode=99 --suppressions=tests/valgrind-python.supp
-VG_TESTS := tests/test_kernels.py tests/test_woq.py
+VG_TESTS := tests/woq/test_kernels.py tests/woq/test_woq.py
 VG_ISA = $$($(PY) -c "from qkern import dispatch as d; print(d.ISA_LEVELS[min(d.ISA_LEVELS.index(d.CPU_ISA), 1)])")
 vg_env = QKERN_ISA=$(VG_ISA) PYTHONMALLOC=malloc QKERN_HYPOTHESIS_PROFILE=valgrind
 

@@ -3,9 +3,9 @@
 On a machine with an NVIDIA GPU, cuda.core and cuDNN (after
 benchmarks/gpu_check.sh has built qkern):
 
-1. runs the GPU-marked tests (tests/test_qconv_gpu.py: >= 200 hypothesis
+1. runs the GPU-marked tests (tests/qconv/test_qconv_gpu.py: >= 200 hypothesis
    shapes against the exact reference, the cudnn-frontend cross-check,
-   the rounding/saturation probe, plans, interop; tests/test_torch_qconv_gpu.py:
+   the rounding/saturation probe, plans, interop; tests/torch_layer/test_torch_qconv_gpu.py:
    qkern.torch on CUDA tensors, streams, the module's device layer, parity
    with PyTorch's cuDNN quantized conv), collecting their report;
 2. times qkern (QConv2d, plans cached; and autotuned; and qkern.torch.QConv2d
@@ -39,7 +39,7 @@ LAYERS = [
 ]
 
 
-TEST_FILES = ("test_qconv_gpu.py", "test_torch_qconv_gpu.py")
+TEST_FILES = ("qconv/test_qconv_gpu.py", "torch_layer/test_torch_qconv_gpu.py")
 
 
 def gpu_reason() -> str | None:

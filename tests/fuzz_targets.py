@@ -25,7 +25,7 @@ broadcast (stride 0), and the check computes the reference on the distinct
 rows only.
 
 tests/fuzz.py runs the targets under atheris (coverage-guided);
-tests/test_fuzz_targets.py runs them in pytest on hypothesis-drawn bytes.
+tests/tooling/test_fuzz_targets.py runs them in pytest on hypothesis-drawn bytes.
 A new entry point is one more function here, ``fuzz_<name>(data: bytes)``,
 and one more line in `TARGETS`.
 """

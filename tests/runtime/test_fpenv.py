@@ -7,7 +7,7 @@ that set flush-to-zero (FTZ), denormals-are-zero (DAZ), another rounding
 mode or an unmasked exception used to reach the columns its own thread
 computed and not those of the OpenMP workers, so results depended on
 ``num_threads``.  MXCSR is set here through a few lines of C
-(tests/mxcsr.c) compiled with the system compiler; results are compared as
+(tests/runtime/mxcsr.c) compiled with the system compiler; results are compared as
 bits, since NumPy's own comparisons obey DAZ.
 """
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
 def mxcsr_library(tmp_path_factory) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler to build tests/mxcsr.c")
+        pytest.skip("no C compiler to build tests/runtime/mxcsr.c")
     lib = tmp_path_factory.mktemp("mxcsr") / "libmxcsr.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(HERE / "mxcsr.c")],
                    check=True)

@@ -1,7 +1,7 @@
 """Every ``panels`` and ``unpacked`` micro-kernel, called directly (one call,
 no driver): XNNPACK-style sweeps over the tile's edges with
 tests/ukernel_tester.py.  The K-block (AMX) kernels have no single call;
-tests/test_kernels.py covers them through the driver and its blockings.
+tests/woq/test_kernels.py covers them through the driver and its blockings.
 """
 
 import numpy as np

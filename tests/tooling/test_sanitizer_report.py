@@ -1,6 +1,6 @@
 """tests/sanitizer_report.py on the canary's real AddressSanitizer reports.
 
-The fixtures in tests/data/asan are whole reports of ``tests/oob_canary.py``
+The fixtures in tests/tooling/data/asan are whole reports of ``tests/oob_canary.py``
 run as ``make sanitize`` runs it, on an AMD Zen 3 (AVX2, no AVX-512) with
 GCC 12.2's ASan runtime:
 
@@ -24,7 +24,7 @@ import pytest
 from sanitizer_report import Refused, classify
 
 DATA = Path(__file__).parent / "data" / "asan"
-SCRIPT = Path(__file__).parent / "sanitizer_report.py"
+SCRIPT = Path(__file__).parent.parent / "sanitizer_report.py"
 AVX2 = "canary-avx2-unknown-crash.txt"
 REF = "canary-ref-heap-buffer-overflow.txt"
 
