@@ -74,6 +74,7 @@ cdef extern from "qkern/woq.h":
         uint32_t chunk_bytes
         uint32_t k_block
         uint32_t min_macs_per_thread
+        uint32_t split
 
     ctypedef struct qk_woq_kernel:
         const char* name

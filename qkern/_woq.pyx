@@ -34,7 +34,7 @@ def registry():
             "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
             "widened": e.widen != NULL, "bound_by": e.bound_by.decode(),
             "blocking": (e.blocking.rows, e.blocking.chunk_bytes, e.blocking.k_block,
-                         e.blocking.min_macs_per_thread),
+                         e.blocking.min_macs_per_thread, e.blocking.split),
         })
     return out
 
@@ -108,8 +108,8 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     whole is checked against (m, n, k), ValueError if short: ``packed``
     (1-D, as packed by :func:`pack`), ``scale`` and ``bias`` (padded to whole
     panels), ``x_offsets``; ``x`` and ``y`` are not.  ``blocking`` is
-    ``(rows, chunk_bytes, k_block, min_macs_per_thread)`` (include/qkern/woq.h)
-    or None for the kernel's default; ValueError if the driver refuses it.
+    ``(rows, chunk_bytes, k_block, min_macs_per_thread, split)``
+    (include/qkern/woq.h; split 0 = QK_WOQ_SPLIT_M, 1 = QK_WOQ_SPLIT_N) or None for the kernel's default; ValueError if the driver refuses it.
     """
     if index >= qk_woq_num_kernels:
         raise IndexError("no such kernel")
@@ -129,7 +129,7 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     cdef qk_woq_blocking b
     cdef const qk_woq_blocking* bptr = NULL
     if blocking is not None:
-        b.rows, b.chunk_bytes, b.k_block, b.min_macs_per_thread = blocking
+        b.rows, b.chunk_bytes, b.k_block, b.min_macs_per_thread, b.split = blocking
         bptr = &b
     cdef int status
     with nogil:

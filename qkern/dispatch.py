@@ -18,6 +18,9 @@ from qkern._dtypes import DTYPE_CODES, dtype_name
 
 ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
 
+# Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
+SPLITS = ("m", "n")
+
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
     "ref": (),
@@ -103,12 +106,30 @@ class Blocking:
         others, which take all of K in one call.
     min_macs_per_thread : int
         A call starts at most ``1 + M*N*K // min_macs_per_thread`` threads.
+    split : str
+        How the threads share the tasks, each taking a run of consecutive
+        ones: ``"m"`` orders them row block by row block (the threads divide
+        the rows first, each reading all of the weight for its rows),
+        ``"n"`` chunk by chunk (they divide the columns first, each reading
+        only its share of the weight). ``kblock`` kernels split ``"n"``.
     """
 
     rows: int
     chunk_bytes: int
     k_block: int
     min_macs_per_thread: int
+    split: str = "m"
+
+    @classmethod
+    def from_driver(cls, values: tuple) -> Blocking:
+        """The blocking of a ``qk_woq_blocking`` read as a tuple."""
+        *sizes, split = values
+        return cls(*sizes, SPLITS[split])
+
+    def to_driver(self) -> tuple:
+        """This blocking as the tuple ``qkern._woq.gemm`` takes."""
+        return (self.rows, self.chunk_bytes, self.k_block, self.min_macs_per_thread,
+                SPLITS.index(self.split))
 
     def check(self, kind: str) -> Blocking:
         """This blocking, if the driver accepts it for a kernel of ``kind``.
@@ -118,7 +139,13 @@ class Blocking:
         ValueError
             Naming the rule it breaks.
         """
+        if self.split not in SPLITS:
+            raise ValueError(f"blocking: split must be one of {SPLITS}, got {self.split!r}")
+        if kind == "kblock" and self.split != "n":
+            raise ValueError(f"blocking: a kblock kernel splits 'n', got {self}")
         for name, value in vars(self).items():
+            if name == "split":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
                 raise ValueError(f"blocking: {name} must be an int in [0, 2**32), got {value!r}")
         if not (self.rows and self.chunk_bytes and self.min_macs_per_thread):
@@ -225,7 +252,7 @@ def _load_registry() -> tuple:
         level = entry.pop("isa")
         mask = entry.pop("dtype_mask")
         dtypes = tuple(n for n, code in DTYPE_CODES.items() if mask & (1 << code))
-        blocking = Blocking(*entry.pop("blocking"))
+        blocking = Blocking.from_driver(entry.pop("blocking"))
         out.append(Kernel(**entry, isa=ISA_LEVELS[level], features=_features(level),
                           dtypes=dtypes, blocking=blocking, available=level <= cap, index=index))
     return tuple(out)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import astuple
 
 import numpy as np
 
@@ -173,7 +172,7 @@ def _run(kern: Kernel, x, w_packed, w_layout: tuple, n: int, k: int, scale_f32, 
     if blocking is not None and not isinstance(blocking, Blocking):
         raise TypeError(f"blocking: expected a qkern.dispatch.Blocking or None, "
                         f"got {type(blocking).__name__}")
-    cut = None if blocking is None else astuple(blocking.check(kern.kind))
+    cut = None if blocking is None else blocking.check(kern.kind).to_driver()
     threads = _cpu.threads_for_call(_check_threads(num_threads))
     shape = x.shape[:-1] + (n,)
     if out is None:

@@ -159,9 +159,22 @@ enum {
  *   min_macs_per_thread
  *                multiply-adds below which one more thread costs more than
  *                it saves: a call starts at most 1 + M*N*K / this threads
+ *   split        how the threads share the tasks (each thread takes one
+ *                run of consecutive tasks):
+ *                QK_WOQ_SPLIT_M  tasks ordered row block by row block: the
+ *                                threads divide the rows first, each
+ *                                reading all of the weight for its rows
+ *                                (the columns, when there is one row block)
+ *                QK_WOQ_SPLIT_N  tasks ordered chunk by chunk: the threads
+ *                                divide the columns first, each reading only
+ *                                its share of the weight, for every row;
+ *                                the only split of a K-block kernel
  */
+typedef enum qk_woq_split { QK_WOQ_SPLIT_M = 0, QK_WOQ_SPLIT_N = 1 } qk_woq_split;
+
 typedef struct qk_woq_blocking {
   uint32_t rows, chunk_bytes, k_block, min_macs_per_thread;
+  uint32_t split; /* a qk_woq_split */
 } qk_woq_blocking;
 
 /* One registry entry: the single source of truth for dispatch, tests,

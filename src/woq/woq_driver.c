@@ -142,8 +142,9 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
  * this kind. */
 static int blocking_valid(const qk_woq_blocking* b, int packing_x) {
   if (b->rows == 0 || b->chunk_bytes == 0 || b->min_macs_per_thread == 0) return 0;
-  return packing_x ? b->rows % 32 == 0 && b->k_block >= 32 && b->k_block % 32 == 0
-                   : b->k_block == 0;
+  return packing_x ? b->rows % 32 == 0 && b->k_block >= 32 && b->k_block % 32 == 0 &&
+                         b->split == QK_WOQ_SPLIT_N
+                   : b->k_block == 0 && (b->split == QK_WOQ_SPLIT_M || b->split == QK_WOQ_SPLIT_N);
 }
 
 int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
@@ -192,6 +193,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
   const size_t mc = p.rows;
   const size_t m_blocks = ceil_div(m, mc);
   const size_t tasks = p.n_chunks * m_blocks;
+  const int split_m = blocking->split == QK_WOQ_SPLIT_M;
 
   int threads = num_threads;
 #ifdef _OPENMP
@@ -248,9 +250,10 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
     if (!packing_x) {
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
-        const size_t mb = t / p.n_chunks;
+        const size_t mb = split_m ? t / p.n_chunks : t % m_blocks;
+        const size_t nb = split_m ? t % p.n_chunks : t / m_blocks;
         const size_t m_end = (mb + 1) * mc < m ? (mb + 1) * mc : m;
-        run_task(&p, t % p.n_chunks, mb * mc, m_end, x, x_stride, x_offsets, wide);
+        run_task(&p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide);
       }
     } else {
       /* Row blocks in turn: pack the block's rows, then run its chunks; the

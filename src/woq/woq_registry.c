@@ -19,8 +19,8 @@
  * of packed panels, L2-sized; the K-block kernels pack 2048 rows at once
  * and walk K in blocks of 1024 over chunks of 8 panels (256 KiB of int8,
  * 512 KiB widened); a thread per 2^20 multiply-adds at most. */
-#define PANELS_BLOCKING {256, 256u << 10, 0, 1u << 20}
-#define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20}
+#define PANELS_BLOCKING {256, 256u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
+#define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
 
 /* The portable kernels are held to the AVX2 FMA peak, the least a machine
  * that measures a roofline has. */

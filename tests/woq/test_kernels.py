@@ -213,13 +213,14 @@ def test_packed_x_blocks(kern):
 def _blockings(kern) -> list:
     """Cuts that move every boundary: one row or one 32-row group per task,
     one panel per chunk (chunk_bytes = 1), all panels in one chunk, the
-    smallest K block, and a thread for every multiply-add."""
+    smallest K block, a thread for every multiply-add, and both splits."""
     d = kern.blocking
     if kern.kind == "kblock":
         return [replace(d, rows=32, k_block=32), replace(d, rows=64, k_block=64, chunk_bytes=1),
                 replace(d, k_block=2048, chunk_bytes=1 << 30, min_macs_per_thread=1)]
-    return [replace(d, rows=1, chunk_bytes=1), replace(d, rows=kern.mr + 1, min_macs_per_thread=1),
-            replace(d, rows=1 << 20, chunk_bytes=1 << 30)]
+    return [replace(d, rows=1, chunk_bytes=1, split=split) for split in ("m", "n")] + [
+        replace(d, rows=kern.mr + 1, min_macs_per_thread=1, split="n"),
+        replace(d, rows=1 << 20, chunk_bytes=1 << 30)]
 
 
 @pytest.mark.parametrize("kern", kernel_params())
@@ -241,7 +242,9 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
     d = kern.blocking
     bad = [replace(d, rows=0), replace(d, chunk_bytes=0), replace(d, min_macs_per_thread=0),
            replace(d, rows=-1), replace(d, chunk_bytes=2**32)]
-    bad += ([replace(d, rows=33), replace(d, k_block=48), replace(d, k_block=0)]
+    bad += [replace(d, split="k"), replace(d, split=1)]
+    bad += ([replace(d, rows=33), replace(d, k_block=48), replace(d, k_block=0),
+             replace(d, split="m")]
             if kern.kind == "kblock" else [replace(d, k_block=32)])
     layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, np.float32), kernel=kern.name)
     x = np.ones((2, 5), np.float32)
@@ -255,4 +258,8 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
     with pytest.raises(ValueError, match="refused"):
         _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data, layer._scale_f32,
                   None,
-                  y, 12, 1, (33, 1, 48, 1) if kern.kind == "kblock" else (1, 1, 32, 1))
+                  y, 12, 1, (33, 1, 48, 1, 1) if kern.kind == "kblock" else (1, 1, 32, 1, 0))
+    with pytest.raises(ValueError, match="refused"):  # an unknown split; a kblock kernel's "m"
+        _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data, layer._scale_f32,
+                  None, y, 12, 1, kern.blocking.to_driver()[:4] + (
+                      0 if kern.kind == "kblock" else 2,))
