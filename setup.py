@@ -45,7 +45,9 @@ ISA_LIBRARIES = [
         ["-mavx2", "-mfma", "-mf16c"],
         "__m256 v = _mm256_fmadd_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(2.f), "
         "_mm256_setzero_ps()); (void)v;",
-        ["src/woq/f32-gemm-x16c1-avx2.c", "src/roofline/peak-vfmadd231ps-avx2.c"],
+        ["src/woq/f32-gemm-x16c1-avx2.c", "src/woq/f32-gemv-x1c0-avx2.c",
+         "src/woq/convert-x-avx2.c",
+         "src/roofline/peak-vfmadd231ps-avx2.c"],
     ),
     (
         "qkern_avx512",

@@ -56,6 +56,7 @@ cdef extern from "qkern/woq.h":
 
     ctypedef void (*qk_woq_widen_fn)(const int8_t*, size_t, size_t, void*) noexcept nogil
     ctypedef void (*qk_woq_pack_x_fn)(const void*, qk_dtype, size_t, void*, size_t) noexcept nogil
+    ctypedef void (*qk_woq_convert_x_fn)(const void*, qk_dtype, size_t, float*) noexcept nogil
 
     ctypedef enum qk_woq_kind:
         QK_WOQ_PANELS
@@ -92,6 +93,7 @@ cdef extern from "qkern/woq.h":
         qk_woq_ukernel_fn fn
         qk_woq_widen_fn widen
         qk_woq_pack_x_fn pack_x
+        qk_woq_convert_x_fn convert_x
 
     const qk_woq_kernel qk_woq_kernels[]
     const size_t qk_woq_num_kernels

@@ -32,7 +32,8 @@ def registry():
             "weight_format": _FORMATS[e.format], "group_size": e.group_size,
             "flushes_subnormals": bool(e.traits & QK_TRAIT_FLUSHES_SUBNORMALS),
             "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
-            "widened": e.widen != NULL, "bound_by": e.bound_by.decode(),
+            "widened": e.widen != NULL, "converts_x": e.convert_x != NULL,
+            "bound_by": e.bound_by.decode(),
             "blocking": (e.blocking.rows, e.blocking.chunk_bytes, e.blocking.k_block,
                          e.blocking.min_macs_per_thread, e.blocking.split),
         })
@@ -149,7 +150,8 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
             cnp.ndarray c, int64_t c_stride):
     """Call the micro-kernel of registry entry ``index`` once, as the driver
     would: rows 0 .. mr-1 of the 2-D ``x`` (unit stride along K, any row
-    stride) times ``nc`` columns of whole packed ``panels``, into ``c``
+    stride; f32 for a kernel that converts x, whatever ``dtype``, which is
+    then ``c``'s) times ``nc`` columns of whole packed ``panels``, into ``c``
     (rows ``c_stride`` bytes apart), under the kernels' floating-point
     environment.  The kernel tester's entry point: no driver in between.
 
@@ -170,11 +172,13 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     if nc == 0:
         raise ValueError(f"{name}: expected nc >= 1 columns, got nc = 0")
     _check_dtype(kern, dtype)
+    # a kernel that converts x reads it in f32 whatever the output's dtype
+    cdef int x_dtype = 0 if kern.convert_x != NULL else dtype
     if (x.ndim != 2 or <size_t>x.shape[0] < mr or <size_t>x.shape[1] < kc
-            or x.itemsize != (4 if dtype == 0 else 2)
+            or x.itemsize != (4 if x_dtype == 0 else 2)
             or (kc > 1 and x.strides[1] != x.itemsize)):
         raise ValueError(f"x: expected {mr} rows of {kc} unit-stride elements of dtype code "
-                         f"{dtype}, got {(<object>x).dtype}, shape {(<object>x).shape}, "
+                         f"{x_dtype}, got {(<object>x).dtype}, shape {(<object>x).shape}, "
                          f"strides {(<object>x).strides}")
     cdef size_t n_padded = (nc + kern.nr - 1) // kern.nr * kern.nr
     _check_holds("panels", panels.shape[0], qk_woq_packed_size(n_padded, kc, kern.nr, kern.kr))

@@ -3,7 +3,9 @@
     GemmTester(kern).m(3).n(17).k(5).a_stride(9).test()
 
 packs a random int8 weight into the kernel's panels, calls the kernel once
-through ``qkern._woq.ukernel`` on rows of ``x`` ``a_stride`` elements apart,
+through ``qkern._woq.ukernel`` on rows of ``x`` ``a_stride`` elements apart
+(converted to float32 first, as the driver does, for a kernel that
+converts x),
 into a poisoned output whose rows are ``c_stride`` elements apart, and
 checks every output element against the float64 reference
 (tests/reference.py) and that nothing around the output was written.
@@ -86,7 +88,10 @@ class GemmTester:
         assert self._tile == (kern.mr, kern.nr, kern.kr), (self._tile, kern.name)
         a_stride, c_stride = self._a_stride or k, self._c_stride or n
         rng = np.random.default_rng(self._seed)
-        x = (rng.standard_normal((m, max(a_stride, 1))) * 4).astype(self._dtype)[:, :k]
+        x_rows = (rng.standard_normal((m, max(a_stride, 1))) * 4).astype(self._dtype)
+        x = x_rows[:, :k]
+        # a kernel that converts x reads the driver's exact f32 copy of it
+        x_read = (x_rows.astype(np.float32) if kern.converts_x else x_rows)[:, :k]
         w = rng.integers(-128, 128, (n, k), dtype=np.int8)
         s = rng.uniform(0.001, 0.02, n).astype(self._dtype)
         b = rng.standard_normal(n).astype(self._dtype) if self._bias else None
@@ -103,8 +108,8 @@ class GemmTester:
             bias[:n] = b
         big = np.full((m + 2, c_stride + 8), POISON, self._dtype)
         c = big[1:1 + m, 3:3 + c_stride]
-        _woq.ukernel(kern.index, m, n, k, x, dtype_code(self._dtype), panels, scale, bias, c,
-                     c.strides[0])
+        _woq.ukernel(kern.index, m, n, k, x_read, dtype_code(self._dtype), panels, scale, bias,
+                     c, c.strides[0])
         y = c[:, :n]
         outside = big.astype(np.float64)
         outside[1:1 + m, 3:3 + n] = np.nan

@@ -120,6 +120,10 @@ typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, 
 typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* out,
                                  size_t chunk_stride);
 
+/* Converts one row of kc activations of dtype dt (f16 or bf16) to f32,
+ * exactly, into out (for kernels that read x in f32 whatever its dtype). */
+typedef void (*qk_woq_convert_x_fn)(const void* row, qk_dtype dt, size_t kc, float* out);
+
 /* How the driver runs a kernel, and what it reads. */
 typedef enum qk_woq_kind {
   QK_WOQ_PANELS = 0,   /* fn, over packed panels (nr, kr >= 1), or widened ones */
@@ -199,7 +203,11 @@ typedef struct qk_woq_kernel {
   qk_woq_ukernel_fn fn;     /* QK_WOQ_PANELS, QK_WOQ_UNPACKED */
   qk_woq_widen_fn widen;    /* NULL: the kernel reads the packed int8 panels */
   qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x (layout above) */
-  qk_woq_kblock_fn kblock;  /* QK_WOQ_KBLOCK */
+  /* QK_WOQ_PANELS: NULL, or the kernel reads f32 rows of x whatever dt (dt
+   * is then y's dtype only); the driver converts f16 / bf16 rows with it
+   * once per row block and thread, into a per-thread buffer */
+  qk_woq_convert_x_fn convert_x;
+  qk_woq_kblock_fn kblock; /* QK_WOQ_KBLOCK */
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */

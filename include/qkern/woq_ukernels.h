@@ -19,6 +19,8 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__ref)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x1c0__ref)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x16c1__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__avx2)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_6x16c1__avx2)
+QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx512)
@@ -39,5 +41,8 @@ void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, 
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
 void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);
+
+/* Activation conversion to f32 (qk_woq_convert_x_fn), src/woq/convert-x-<isa>.c. */
+void qk_woq_convert_x__avx2(const void* row, qk_dtype dt, size_t kc, float* out);
 
 #endif /* QKERN_WOQ_UKERNELS_H */

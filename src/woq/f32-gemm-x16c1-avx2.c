@@ -1,12 +1,18 @@
 /*
- * f32-gemm-x16c1-avx2.c -- WoQ GEMM micro-kernels 1x16c1 and 4x16c1,
- * AVX2 + FMA + F16C.
+ * f32-gemm-x16c1-avx2.c -- WoQ GEMM micro-kernels 1x16c1, 4x16c1 and
+ * 6x16c1, AVX2 + FMA + F16C.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), packed layout nr = 16,
- * kr = 1.  x in f32, f16 or bf16, widened to f32 and broadcast; the 16
- * int8 weights of one k widened in-register to two vectors of 8 f32; fp32 FMA
- * accumulation in increasing k.  Epilogue: scale (multiply), bias (add), one
- * rounding to the output dtype.  Rows mr..MR-1 duplicate row mr-1.
+ * kr = 1, with qk_woq_convert_x_fn: x is read in f32 whatever dt (the
+ * driver converts f16 / bf16 rows once; dt is then the output's dtype), so
+ * each broadcast of x is one load.  The 16 int8 weights of one k are
+ * widened in-register to two vectors of 8 f32, shared by the MR rows; fp32
+ * FMA sums.  MR = 4 and 6 keep one sum per row and 8 columns (12 of the 16
+ * ymm registers at MR = 6), accumulated in increasing k.  MR = 1 would
+ * wait on the FMA latency with two sums, so it runs four panels at once
+ * (eight sums; the same order per column).  Epilogue:
+ * scale (multiply), bias (add), one rounding to the output dtype.  Rows
+ * mr..MR-1 duplicate row mr-1.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -15,14 +21,6 @@
 
 QK_INLINE __m256 i8_to_f32(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-
-QK_INLINE __m256 bcast_x(const char* row, size_t k, qk_dtype DT) {
-  if (DT == QK_F32) return _mm256_broadcast_ss((const float*)row + k);
-  uint16_t h;
-  memcpy(&h, row + 2 * k, 2);
-  if (DT == QK_F16) return _mm256_set1_ps(_cvtsh_ss(h));
-  return _mm256_castsi256_ps(_mm256_set1_epi32((int)((uint32_t)h << 16)));
 }
 
 /* f32 -> bf16 bits (round to nearest even, NaN kept quiet) in 8 x u16. */
@@ -59,39 +57,64 @@ QK_INLINE void store_row(char* row, size_t n, qk_dtype DT, __m256 v, size_t coun
   }
 }
 
-QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
-                              const void* const* a, const int8_t* w, const float* scale,
-                              const float* bias, void* c, ptrdiff_t c_stride) {
-  const char* ar[4];
-  char* cr[4];
-  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
-  for (size_t n0 = 0; n0 < nc; n0 += 16, w += kc * 16) {
-    __m256 acc[4][2];
-    for (size_t i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    const int8_t* wp = w;
-    for (size_t k = 0; k < kc; k++, wp += 16) {
+/* P consecutive panels from column n0 (P * 16 <= nc - n0 + 15) for MR rows:
+ * one sum per row and 8 columns, each in increasing k. */
+QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const qk_dtype DT, size_t n0,
+                            size_t nc, size_t kc, const float* const* ar, char* const* cr,
+                            const int8_t* w, const float* scale, const float* bias) {
+  __m256 acc[6][2];
+  for (size_t i = 0; i < P * MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (size_t k = 0; k < kc; k++) {
+    for (size_t p = 0; p < P; p++) {
+      const int8_t* wp = w + p * kc * 16 + k * 16;
       if ((k & 3) == 0) _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
       const __m256 w0 = i8_to_f32(wp), w1 = i8_to_f32(wp + 8);
       for (size_t i = 0; i < MR; i++) {
-        const __m256 xv = bcast_x(ar[i], k, DT);
-        acc[i][0] = _mm256_fmadd_ps(xv, w0, acc[i][0]);
-        acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
+        const __m256 xv = _mm256_broadcast_ss(ar[i] + k);
+        acc[p * MR + i][0] = _mm256_fmadd_ps(xv, w0, acc[p * MR + i][0]);
+        acc[p * MR + i][1] = _mm256_fmadd_ps(xv, w1, acc[p * MR + i][1]);
       }
     }
-    for (size_t h = 0; h < 2; h++) {
-      const size_t col = n0 + 8 * h;
-      if (col >= nc) break;
-      const size_t count = nc - col;
-      const __m256 s = _mm256_loadu_ps(scale + col);
-      const __m256 b = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
-      for (size_t i = 0; i < MR; i++) {
-        __m256 v = _mm256_mul_ps(acc[i][h], s);
-        if (bias) v = _mm256_add_ps(v, b);
-        store_row(cr[i], col, DT, v, count);
+  }
+  /* scale and bias hold whole panels.  Unrolled so that the sums are
+   * indexed by constants only and stay in registers through the k loop
+   * (GCC otherwise stores them to the stack on every k for bf16 y). */
+#pragma GCC unroll 4
+  for (size_t p = 0; p < P; p++) {
+    const size_t col = n0 + 16 * p, count = nc - col;
+    const __m256 s0 = _mm256_loadu_ps(scale + col), s1 = _mm256_loadu_ps(scale + col + 8);
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + col + 8) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (size_t i = 0; i < MR; i++) {
+      __m256 v0 = _mm256_mul_ps(acc[p * MR + i][0], s0);
+      __m256 v1 = _mm256_mul_ps(acc[p * MR + i][1], s1);
+      if (bias) {
+        v0 = _mm256_add_ps(v0, b0);
+        v1 = _mm256_add_ps(v1, b1);
       }
+      store_row(cr[i], col, DT, v0, count);
+      if (count > 8) store_row(cr[i], col + 8, DT, v1, count - 8);
     }
   }
 }
 
+QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                              const void* const* a, const int8_t* w, const float* scale,
+                              const float* bias, void* c, ptrdiff_t c_stride) {
+  const char* rows[6];
+  char* cr[6];
+  qk_clamp_rows(MR, mr, a, c, c_stride, rows, cr);
+  const float* ar[6];
+  for (size_t i = 0; i < MR; i++) ar[i] = (const float*)rows[i];
+  size_t n0 = 0;
+  if (MR == 1) /* four panels at a time: eight independent sums */
+    for (; n0 + 48 < nc; n0 += 64, w += 4 * kc * 16)
+      x16c1_panels(1, 4, DT, n0, nc, kc, ar, cr, w, scale, bias);
+  for (; n0 < nc; n0 += 16, w += kc * 16)
+    x16c1_panels(MR, 1, DT, n0, nc, kc, ar, cr, w, scale, bias);
+}
+
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x16c1__avx2, f32_gemm_x16c1, 1)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x16c1__avx2, f32_gemm_x16c1, 4)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x16c1__avx2, f32_gemm_x16c1, 6)

@@ -66,16 +66,4 @@ QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc
   }
 }
 
-QK_INLINE void f32_gemv_x1c0(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
-                             const void* const* a, const int8_t* w, const float* scale,
-                             const float* bias, void* c, ptrdiff_t c_stride) {
-  (void)MR;
-  switch (mr) {
-    case 1: gemv_rows(1, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
-    case 2: gemv_rows(2, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
-    case 3: gemv_rows(3, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
-    default: gemv_rows(4, DT, nc, kc, a, w, scale, bias, c, c_stride); break;
-  }
-}
-
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemv_ukernel_4x1c0__avx512, f32_gemv_x1c0, 4)
+QK_DEFINE_UKERNEL_ROWS_1_TO_4(qk_woq_f32_gemv_ukernel_4x1c0__avx512, gemv_rows)

@@ -45,6 +45,24 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
     }                                                          \
   }
 
+/* A 4-row kernel for all x dtypes whose body
+ * ROWS(R, DT, nc, kc, a, w, scale, bias, c, c_stride) is specialised for
+ * each mr = R in 1..4: a memory-bound kernel spends no FMAs on duplicated
+ * rows. */
+#define QK_DEFINE_UKERNEL_ROWS_1_TO_4(NAME, ROWS)                                                 \
+  QK_INLINE void NAME##_rows(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc, \
+                             const void* const* a, const int8_t* w, const float* scale,           \
+                             const float* bias, void* c, ptrdiff_t c_stride) {                    \
+    (void)MR;                                                                                     \
+    switch (mr) {                                                                                 \
+      case 1: ROWS(1, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                         \
+      case 2: ROWS(2, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                         \
+      case 3: ROWS(3, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                         \
+      default: ROWS(4, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                        \
+    }                                                                                             \
+  }                                                                                               \
+  QK_DEFINE_UKERNEL_ALL_DTYPES(NAME, NAME##_rows, 4)
+
 /* A kernel for bf16 x only (the registry never hands it another dtype). */
 #define QK_DEFINE_UKERNEL_BF16(NAME, BODY, MR) \
   void NAME(QK_UKERNEL_PARAMS) {               \

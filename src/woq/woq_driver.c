@@ -88,21 +88,41 @@ static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* 
   return p->packed + nb * p->panels_per_chunk * p->panel_bytes;
 }
 
-/* Rows m0 .. m_end-1 times chunk nb of the panels.  Row r of x is at
- * x + x_offsets[r], or x + r * x_stride without offsets. */
+/* A thread's rows of x converted to f32 (kernels with convert_x, x not
+ * f32): rows first .. first + count - 1, k floats each, converted when a
+ * task needs rows it does not hold. */
+typedef struct x_rows_f32 {
+  float* data;
+  size_t first, count;
+} x_rows_f32;
+
+/* Row r of x: at x + x_offsets[r], or x + r * x_stride without offsets. */
+static const char* x_row(const char* x, int64_t x_stride, const int64_t* x_offsets, size_t r) {
+  return x + (x_offsets ? x_offsets[r] : (int64_t)r * x_stride);
+}
+
+/* Rows m0 .. m_end-1 times chunk nb of the panels; xf: NULL, or the
+ * thread's f32 rows (converted here first if it holds others). */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
-                     int64_t x_stride, const int64_t* x_offsets, char* wide) {
+                     int64_t x_stride, const int64_t* x_offsets, char* wide, x_rows_f32* xf) {
   size_t n0, nc;
   const int8_t* w = chunk_panels(p, nb, &n0, &nc);
   if (wide) {
     p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
     w = (const int8_t*)wide;
   }
+  if (xf && (xf->first != m0 || xf->count != m_end - m0)) {
+    for (size_t r = m0; r < m_end; r++)
+      p->kern->convert_x(x_row(x, x_stride, x_offsets, r), p->dt, p->k, xf->data + (r - m0) * p->k);
+    xf->first = m0;
+    xf->count = m_end - m0;
+  }
   const void* rows[QK_MAX_MR];
   for (; m0 < m_end; m0 += p->kern->mr) {
     const size_t mr = m_end - m0 < p->kern->mr ? m_end - m0 : p->kern->mr;
     for (size_t i = 0; i < mr; i++)
-      rows[i] = x + (x_offsets ? x_offsets[m0 + i] : (int64_t)(m0 + i) * x_stride);
+      rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->k)
+                   : x_row(x, x_stride, x_offsets, m0 + i);
     p->kern->fn(mr, nc, p->k, rows, p->dt, w, p->scale + n0, p->bias ? p->bias + n0 : NULL,
                 p->y + (int64_t)m0 * p->y_stride + n0 * p->esize, (ptrdiff_t)p->y_stride);
   }
@@ -155,9 +175,9 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
   if (kern && !blocking) blocking = &kern->blocking;
   if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
       kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
-      (packing_x
-           ? !kern->pack_x || !kern->kblock || kern->mr != 32 || kern->nr != 32 || kern->kr != 2
-           : !kern->fn) ||
+      (packing_x ? !kern->pack_x || !kern->kblock || kern->convert_x || kern->mr != 32 ||
+                       kern->nr != 32 || kern->kr != 2
+                 : !kern->fn) ||
       !blocking_valid(blocking, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
@@ -219,17 +239,27 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
   const size_t x_block_bytes = block_rows / 32 * p.x_group_bytes;
   const size_t acc_stride = packing_x ? block_rows * p.panels_per_chunk * p.nr * sizeof(float) : 0;
+  /* f32 rows of x per thread: a task's rows (at most mc, at most m) */
+  const int converting = kern->convert_x && dt != QK_F32;
+  size_t xf_stride = 0;
+  if (converting && __builtin_mul_overflow(m < mc ? m : mc, k * sizeof(float), &xf_stride))
+    return QK_ERR_NOMEM;
+  xf_stride = xf_stride / 64 * 64 + 64;
   const int partial = n % p.nr != 0;
   int8_t* last_panel = partial ? aligned_alloc(64, (p.panel_bytes + 64) / 64 * 64) : NULL;
   char* wide_all = widening ? aligned_alloc(64, (size_t)threads * wide_stride) : NULL;
   char* x_block = packing_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
   char* acc_all = packing_x ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
+  size_t xf_bytes = 0;
+  const int xf_fits = !__builtin_mul_overflow((size_t)threads, xf_stride, &xf_bytes);
+  char* xf_all = converting && xf_fits ? aligned_alloc(64, xf_bytes) : NULL;
   if ((partial && !last_panel) || (widening && !wide_all) ||
-      (packing_x && (!x_block || !acc_all))) {
+      (packing_x && (!x_block || !acc_all)) || (converting && !xf_all)) {
     free(last_panel);
     free(wide_all);
     free(x_block);
     free(acc_all);
+    free(xf_all);
     return QK_ERR_NOMEM;
   }
   if (partial) {
@@ -247,13 +277,14 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
     const qk_fpenv caller_env = qk_fpenv_enter();
     char* wide = wide_all ? wide_all + thread * wide_stride : NULL;
     float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
+    x_rows_f32 xf = {xf_all ? (float*)(xf_all + thread * xf_stride) : NULL, 0, 0};
     if (!packing_x) {
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
         const size_t mb = split_m ? t / p.n_chunks : t % m_blocks;
         const size_t nb = split_m ? t % p.n_chunks : t / m_blocks;
         const size_t m_end = (mb + 1) * mc < m ? (mb + 1) * mc : m;
-        run_task(&p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide);
+        run_task(&p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide, xf.data ? &xf : NULL);
       }
     } else {
       /* Row blocks in turn: pack the block's rows, then run its chunks; the
@@ -262,7 +293,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
         const size_t m0 = mb * mc, m_end = m0 + mc < m ? m0 + mc : m;
 #pragma omp for schedule(static)
         for (size_t r = m0; r < m_end; r++)
-          kern->pack_x(x + (x_offsets ? x_offsets[r] : (int64_t)r * x_stride), dt, k,
+          kern->pack_x(x_row(x, x_stride, x_offsets, r), dt, k,
                        x_block + (r - m0) / 32 * p.x_group_bytes + (r - m0) % 32 * 64,
                        packed_x_chunk_size(dt));
 #pragma omp for schedule(static)
@@ -276,5 +307,6 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
   free(wide_all);
   free(x_block);
   free(acc_all);
+  free(xf_all);
   return QK_OK;
 }

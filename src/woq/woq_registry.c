@@ -33,9 +33,16 @@ const qk_woq_kernel qk_woq_kernels[] = {
      PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
 #ifdef QKERN_HAVE_AVX2
     {"f32_gemm_1x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 1, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
-     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2},
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2,
+     .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemm_4x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 4, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
-     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__avx2},
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x16c1__avx2,
+     .convert_x = qk_woq_convert_x__avx2},
+    {"f32_gemm_6x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_6x16c1__avx2,
+     .convert_x = qk_woq_convert_x__avx2},
+    {"f32_gemv_4x1c0__avx2", QK_WOQ_UNPACKED, QK_ISA_AVX2, 4, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
+     PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx2},
 #endif
 #ifdef QKERN_HAVE_AVX512
     {"f32_gemm_1x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 1, 32, 2, ALL, INT8, 0,

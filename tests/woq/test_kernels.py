@@ -263,3 +263,24 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
         _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data, layer._scale_f32,
                   None, y, 12, 1, kern.blocking.to_driver()[:4] + (
                       0 if kern.kind == "kblock" else 2,))
+
+
+@pytest.mark.parametrize("level", qkern.dispatch.ISA_LEVELS)
+def test_kernels_of_one_level_give_a_row_the_same_bits(level):
+    """docs/semantics.rst, "Determinism": the kernels of one ISA level on
+    packed panels differ only in MR, so a row's result does not depend on
+    the kernel that M selects, nor on the rows passed with it."""
+    kernels = [k for k in qkern.kernels() if k.isa == level and k.kind != "unpacked"]
+    if not kernels or not kernels[0].available:
+        pytest.skip(f"no kernel of level {level} may run here")
+    rng = np.random.default_rng(13)
+    for dtype in DTYPES:
+        group = [k for k in kernels if dtype.name in k.dtypes]
+        if len(group) < 2:
+            continue
+        x, w, s, b = _data(rng, 37, 3 * 32 + 5, 131, dtype)
+        want = None
+        for kern in group:
+            y = qkern.WoqLinear(w, s, b, kernel=kern.name)(x).view(np.uint8)
+            want = y if want is None else want
+            assert np.array_equal(y, want), (kern.name, group[0].name, dtype)

@@ -1,0 +1,100 @@
+/*
+ * f32-gemv-x1c0-avx2.c -- WoQ GEMV micro-kernel 4x1c0 on the *unpacked*
+ * weight, AVX2 + FMA + F16C.
+ *
+ * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
+ * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, unpacked.
+ * x in f32, f16 or bf16.  For each of up to 4 rows of x and C columns at a
+ * time (C = 4 for 1-2 rows, 2 for 3-4, so the sums fit the 16 ymm
+ * registers), 8-wide fp32 FMA partial sums along k (int8 widened
+ * in-register, x widened once per step and shared by the columns), a
+ * horizontal sum at the end (lanes 0..7 added pairwise, in one fixed
+ * order), then scale (multiply), bias (add) and one rounding to the output
+ * dtype.  The K tail (K mod 8) goes through zero-padded copies: nothing is
+ * read past a row of x or w.  The body is specialised for each mr (1..4),
+ * so fewer rows cost fewer FMAs.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "scalar-convert.h"
+#include "ukernel-define.h"
+
+/* 8 activations from element k as f32. */
+QK_INLINE __m256 load_x(const char* row, size_t k, qk_dtype DT) {
+  if (DT == QK_F32) return _mm256_loadu_ps((const float*)row + k);
+  const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)row + k));
+  if (DT == QK_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 8 int8 of a weight row from element k as f32. */
+QK_INLINE __m256 load_w(const int8_t* row, size_t k) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + k))));
+}
+
+/* ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)): one fixed order. */
+QK_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* R (= mr) rows times C columns from n0: sums over whole steps of 8 k,
+ * then the tail through zero-padded copies of the last K mod 8 values. */
+QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size_t n0, size_t nc,
+                         size_t kc, const char* const* ar, const int8_t* w, const float* scale,
+                         const float* bias, void* c, ptrdiff_t c_stride) {
+  const int8_t* wr[4];
+  for (size_t j = 0; j < C; j++) wr[j] = w + (n0 + j < nc ? n0 + j : nc - 1) * kc;
+  __m256 acc[4][4];
+  for (size_t i = 0; i < R; i++)
+    for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
+  const size_t k_whole = kc / 8 * 8;
+  for (size_t k = 0; k < k_whole; k += 8) {
+    __m256 wv[4];
+    for (size_t j = 0; j < C; j++) wv[j] = load_w(wr[j], k);
+    for (size_t i = 0; i < R; i++) {
+      const __m256 xv = load_x(ar[i], k, DT);
+      for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k_whole < kc) {
+    const size_t left = kc - k_whole, esize = DT == QK_F32 ? 4 : 2;
+    int8_t wt[4][8] = {{0}};
+    char xt[4][32] = {{0}};
+    for (size_t j = 0; j < C; j++) memcpy(wt[j], wr[j] + k_whole, left);
+    for (size_t i = 0; i < R; i++) memcpy(xt[i], ar[i] + k_whole * esize, left * esize);
+    for (size_t i = 0; i < R; i++) {
+      const __m256 xv = load_x(xt[i], 0, DT);
+      for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, load_w(wt[j], 0), acc[i][j]);
+    }
+  }
+  /* The sums leave their registers through constant indices only (GCC
+   * otherwise keeps them on the stack through the k loop). */
+  float sums[4][4];
+#pragma GCC unroll 4
+  for (size_t i = 0; i < R; i++)
+#pragma GCC unroll 4
+    for (size_t j = 0; j < C; j++) sums[i][j] = hsum(acc[i][j]);
+  for (size_t i = 0; i < R; i++) {
+    char* crow = (char*)c + (ptrdiff_t)i * c_stride;
+    for (size_t j = 0; j < C && n0 + j < nc; j++) {
+      float v = sums[i][j] * scale[n0 + j];
+      if (bias) v = v + bias[n0 + j];
+      qk_store_from_f32(crow, n0 + j, DT, v);
+    }
+  }
+}
+
+QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc,
+                         const void* const* a, const int8_t* w, const float* scale,
+                         const float* bias, void* c, ptrdiff_t c_stride) {
+  const size_t C = R <= 2 ? 4 : 2;
+  const char* ar[4];
+  for (size_t i = 0; i < R; i++) ar[i] = (const char*)a[i];
+  for (size_t n0 = 0; n0 < nc; n0 += C)
+    gemv_tile(R, C, DT, n0, nc, kc, ar, w, scale, bias, c, c_stride);
+}
+
+QK_DEFINE_UKERNEL_ROWS_1_TO_4(qk_woq_f32_gemv_ukernel_4x1c0__avx2, gemv_rows)
