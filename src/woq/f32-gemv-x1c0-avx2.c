@@ -52,6 +52,8 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
     for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
   const size_t k_whole = kc / 8 * 8;
   for (size_t k = 0; k < k_whole; k += 8) {
+    if ((k & 63) == 0) /* the same k two groups of C rows ahead */
+      for (size_t j = 0; j < C; j++) _mm_prefetch((const char*)wr[j] + 2 * C * kc + k, _MM_HINT_T0);
     __m256 wv[4];
     for (size_t j = 0; j < C; j++) wv[j] = load_w(wr[j], k);
     for (size_t i = 0; i < R; i++) {
