@@ -25,6 +25,8 @@ TORCH := torch==2.13.0
 # 15-30 s with pip's cache (docs/qconv2d.rst, "CI").
 CUDA_TEST_DEPS := "cuda-core>=0.4" "cuda-bindings>=13" "cuda-pathfinder>=1.2"
 ATHERIS := "atheris>=2.3"
+# The benchmark's runtime peers (pyproject.toml's bench extra), ~280 MB installed.
+BENCH_PEERS := "openvino>=2026.4" "onnxruntime>=1.31" "onnx>=1.23"
 PYTEST := -m pytest -q -p no:cacheprovider
 # ISA levels this CPU runs, lowest first (needs the build)
 ISAS = $$($(PY) -c "from qkern import dispatch as d; print(*d.ISA_LEVELS[:d.ISA_LEVELS.index(d.CPU_ISA) + 1])")
@@ -38,6 +40,7 @@ $(VENV)/.deps: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps "nvidia-cudnn-cu13>=9.10"
 	$(PY) -m pip install -q $(CUDA_TEST_DEPS)
 	$(PY) -m pip install -q $(ATHERIS) || echo "note: $(ATHERIS) not installable here; make fuzz will fail"
+	$(PY) -m pip install -q $(BENCH_PEERS) || echo "note: OpenVINO / ONNX Runtime not installable here; the bench leaves them out"
 	touch $@
 
 build: $(VENV)/.deps

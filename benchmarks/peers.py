@@ -6,7 +6,11 @@ packed once, kernel chosen automatically), ``qkern.weight_int8pack_mm``
 (packs on every call; quick grid only), NumPy dequantize-then-matmul in
 float32 (dequantization timed too), and when PyTorch is installed
 ``torch._weight_int8pack_mm`` (where K is a multiple of 16: PyTorch 2.13's
-kernel crashes on other K) and dense bfloat16 ``torch.mm``. Weights are
+kernel crashes on other K) and dense ``torch.mm`` (bfloat16 where the CPU
+has bfloat16 arithmetic, float32 elsewhere), and when installed
+(``pip install qkern[bench]``) OpenVINO and ONNX Runtime in float32
+(``runtimes.py``). Each peer's result is checked against qkern's before it
+is timed. Weights are
 cold: every timed call uses the next of several copies whose total exceeds
 the last-level cache. Each qkern row gives its % of the roofline (the
 larger of weight bytes / bandwidth and flops / the peak of the kernel's
@@ -23,6 +27,7 @@ import itertools
 import numpy as np
 
 import qkern
+import runtimes
 from qkern import bench, roofline
 from qkern._dtypes import bfloat16
 from qkern.timing import time_call
@@ -32,6 +37,11 @@ _PEER_SHAPES = {True: [(4096, 4096)],
                 False: [(4096, 4096), (11008, 4096), (4096, 11008)]}
 # Odd shapes: (M, N, K), each timed beside its aligned twin (aligned_twin).
 _ODD_SHAPES = {True: [], False: [(7, 1000, 4095), (33, 4097, 1023)]}
+
+# Dense torch.mm runs in bfloat16 where the CPU has bfloat16 arithmetic, in
+# float32 elsewhere (bfloat16 there is emulated, and no user would run it).
+_FEATURES = qkern.cpu_features()
+DENSE_DTYPE = "bfloat16" if _FEATURES["avx512_bf16"] or _FEATURES["amx_bf16"] else "float32"
 
 # torch._weight_int8pack_mm is timed only where K is a multiple of this:
 # PyTorch 2.13's CPU kernel loads each weight row with aligned 16-byte loads
@@ -105,6 +115,7 @@ class _Problem:
         self.layers = {name: _rotating(made) for name, made in layers.items()}
         self.packed_bytes = {name: made[0].packed_weight.nbytes for name, made in layers.items()}
         self.copies = copies
+        self.runtime_peers = {}
         self.torch = None
         if torch is not None:
             tw = _to_torch(torch, w)
@@ -112,10 +123,37 @@ class _Problem:
                 "x": _to_torch(torch, x),
                 "s": _to_torch(torch, scales),
                 "w": _rotating([tw.clone() for _ in range(copies)]),
-                # (K, N) views of row-major (N, K) bf16 weights, as nn.Linear uses them
-                "dense": _rotating([(tw.to(torch.bfloat16) * 0.01).t()
+                # (K, N) views of row-major (N, K) weights, as nn.Linear uses them
+                "dense": _rotating([(tw.to(getattr(torch, DENSE_DTYPE)) * 0.01).t()
                                     for _ in range(max(2, copies // 2))]),
+                "x dense": _to_torch(torch, self.x[DENSE_DTYPE]),
             }
+
+    def _runtimes(self, threads: int) -> dict:
+        """``{peer: f(x)}`` of the inference runtimes installed, built once per
+        thread count."""
+        if threads not in self.runtime_peers:
+            made = {
+                "openvino int8 MatMul f32": runtimes.openvino_peer(
+                    self.w, self.scales, threads, self.copies),
+                "onnxruntime MatMulNBits8 acc0": runtimes.onnxruntime_peer(
+                    self.w, self.scales, threads, self.copies, accuracy_level=0),
+                "onnxruntime MatMulNBits8 acc4 (int8 x)": runtimes.onnxruntime_peer(
+                    self.w, self.scales, threads, self.copies, accuracy_level=4),
+            }
+            made = {name: f for name, f in made.items() if f}
+            x = self.x["float32"][:3]
+            want = self.layers["float32"]()(x).astype(np.float64)
+            for name, run in made.items():
+                got = np.asarray(run(x), np.float64)
+                # float32 sums in another order, or int8 activations (acc4)
+                limit = 2e-2 if "int8 x" in name else 1e-4
+                err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
+                if not err <= limit:
+                    raise RuntimeError(f"{name}: relative error {err:.2e} against qkern "
+                                       f"(limit {limit:g}): not the same problem")
+            self.runtime_peers[threads] = made
+        return self.runtime_peers[threads]
 
     def calls(self, m: int, threads: int, quick: bool) -> dict:
         """``{peer: (dtype, kernel name or None, weight bytes, callable)}`` for M rows."""
@@ -129,6 +167,9 @@ class _Problem:
             out["qkern.weight_int8pack_mm"] = (
                 "bfloat16", None, self.n * self.k,
                 lambda: qkern.weight_int8pack_mm(xb, self.w, self.scales, num_threads=threads))
+        xf = self.x["float32"][:m]
+        for name, run in self._runtimes(threads).items():
+            out[name] = ("float32", None, self.n * self.k, lambda run=run: run(xf))
         s_col = self.scales.astype(np.float32)[:, None]
         out["numpy f32 dequant+matmul"] = (
             "bfloat16", None, self.n * self.k,
@@ -142,8 +183,10 @@ class _Problem:
                 out["torch._weight_int8pack_mm"] = (
                     "bfloat16", None, self.n * self.k,
                     lambda: torch._weight_int8pack_mm(tx, tw(), ts))
-            out["torch.mm bf16 dense"] = ("bfloat16", None, 2 * self.n * self.k,
-                                          lambda: torch.mm(tx, dense()))
+            xd = self.torch["x dense"][:m].clone()
+            size = 2 if DENSE_DTYPE == "bfloat16" else 4
+            out[f"torch.mm {DENSE_DTYPE} dense"] = (DENSE_DTYPE, None, size * self.n * self.k,
+                                                    lambda: torch.mm(xd, dense()))
         return out
 
 
@@ -163,7 +206,7 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
     roof : qkern.roofline.Roofline
         Measured in the same run, for the % of roofline.
     torch : module, optional
-        PyTorch, to add its int8 op and dense bfloat16 mm as peers.
+        PyTorch, to add its int8 op and dense mm (:data:`DENSE_DTYPE`) as peers.
 
     Returns
     -------

@@ -165,8 +165,14 @@ def test_full_benchmark_prints_the_kernels_then_the_peers(small_bench, tmp_path,
     peers = [r for r in rows if r["table"] == "peers"]
     assert {r["table"] for r in rows} == {"kernels", "peers"}
     assert {(r["M"], r["N"], r["K"]) for r in peers} == {(m, 48, 64) for m in (1, 16, 128)}
-    assert {r["name"] for r in peers} == {"qkern bfloat16", "qkern float16", "qkern float32",
-                                          "qkern.weight_int8pack_mm", "numpy f32 dequant+matmul"}
+    runtimes = load_benchmark("runtimes").available()
+    expected = {"qkern bfloat16", "qkern float16", "qkern float32", "qkern.weight_int8pack_mm",
+                "numpy f32 dequant+matmul"}
+    if runtimes["openvino"]:
+        expected.add("openvino int8 MatMul f32")
+    if runtimes["onnxruntime"]:
+        expected |= {"onnxruntime MatMulNBits8 acc0", "onnxruntime MatMulNBits8 acc4 (int8 x)"}
+    assert {r["name"] for r in peers} == expected
 
 
 def test_plot_draws_a_png(tmp_path):
@@ -218,3 +224,39 @@ def test_minof_script_times_each_row_and_thread_count(capsys):
     assert [(r[2], r[3], r[5]) for r in rows] == [
         (m, d, t) for d in ("bfloat16", "float32") for m in ("1", "33") for t in ("1", "2")]
     assert all(0 < float(r[6]) <= float(r[7]) for r in rows)
+
+
+def test_runtime_peers_run_the_same_problem():
+    """benchmarks/runtimes.py: OpenVINO keeps the weight in int8 and each
+    installed runtime computes qkern's problem (K not a multiple of ORT's
+    block included); skipped, with the reason, where none is installed."""
+    runtimes = load_benchmark("runtimes")
+    installed = {name for name, version in runtimes.available().items() if version}
+    if not installed:
+        pytest.skip("neither OpenVINO nor ONNX Runtime is installed (pip install qkern[bench])")
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (40, 300), dtype=np.int8)
+    s = rng.uniform(0.001, 0.01, 40).astype(np.float32)
+    x = rng.standard_normal((3, 300)).astype(np.float32)
+    want = x.astype(np.float64) @ (w * s.astype(np.float64)[:, None]).T
+    runs = []
+    if "openvino" in installed:
+        runs.append((runtimes.openvino_peer(w, s, 1, 2), 1e-5))
+        assert runtimes.weight_kept_in_int8(runtimes._openvino_model(w, s, 1))
+    if "onnxruntime" in installed:
+        runs += [(runtimes.onnxruntime_peer(w, s, 1, 2, 0), 1e-5),
+                 (runtimes.onnxruntime_peer(w, s, 1, 2, 4), 2e-2)]
+    for run, limit in runs:
+        for _ in range(2):  # both copies
+            got = np.asarray(run(x), np.float64)
+            assert np.abs(got - want).max() <= limit * np.abs(want).max()
+
+
+def test_a_peer_that_computes_another_problem_is_refused(monkeypatch):
+    peers = load_benchmark("peers")
+    monkeypatch.setattr(peers, "copies_for_cold", lambda nbytes: 2)
+    monkeypatch.setattr(peers.runtimes, "openvino_peer",
+                        lambda w, s, threads, copies: lambda x: np.zeros((len(x), len(w))))
+    prob = peers._Problem(np.random.default_rng(0), 40, 64, 4, None)
+    with pytest.raises(RuntimeError, match="openvino.*not the same problem"):
+        prob.calls(3, 1, False)

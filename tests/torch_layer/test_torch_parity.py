@@ -59,4 +59,4 @@ def test_bench_leaves_torch_out_where_its_kernel_would_crash(monkeypatch):
     for k, with_torch in ((48, True), (47, False)):
         names = peers._Problem(rng, 40, k, 4, torch).calls(3, 1, False)
         assert ("torch._weight_int8pack_mm" in names) == with_torch
-        assert {"qkern bfloat16", "torch.mm bf16 dense"} <= set(names)
+        assert {"qkern bfloat16", f"torch.mm {peers.DENSE_DTYPE} dense"} <= set(names)
