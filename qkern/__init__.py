@@ -6,11 +6,11 @@ first used.
 """
 
 from qkern import cudnn
+from qkern._version import __version__
 from qkern.dispatch import ISA_LEVELS, cpu_features, kernels
 from qkern.qconv import qconv2d
+from qkern.tuning import tune
 from qkern.woq import WoqLinear, weight_int8pack_mm
 
-__version__ = "0.1.0"
-
-__all__ = ["ISA_LEVELS", "WoqLinear", "cpu_features", "cudnn", "kernels", "qconv2d",
+__all__ = ["ISA_LEVELS", "WoqLinear", "cpu_features", "cudnn", "kernels", "qconv2d", "tune",
            "weight_int8pack_mm", "__version__"]

@@ -1,10 +1,12 @@
-"""Command line: ``python -m qkern info`` and ``python -m qkern bench``.
+"""Command line: ``python -m qkern info``, ``bench`` and ``tune``.
 
 ``info`` describes what qkern sees on this machine: versions, CPU features,
 the ISA level and its cap, OpenMP threads, the kernel registry and the
 kernel chosen per dtype. ``bench`` measures this machine's roofline and
 times each kernel (see :mod:`qkern.bench`); the comparison with NumPy and
 PyTorch is ``benchmarks/woq_bench.py``, which takes the same options and more.
+``tune`` tunes shapes ahead of time (:mod:`qkern.tuning`) and prints what
+won, by how much over the static rule, and what the tuning cost.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 import qkern
-from qkern import bench
+from qkern import bench, tuning
 from qkern.dispatch import CPU_ISA, ISA_CAP, choose_kernel
 
 _CHOICE_DTYPES = ("bfloat16", "float16", "float32")
@@ -164,6 +166,68 @@ def output_path(text: str) -> str:
     return text
 
 
+def _shape_list(text: str) -> tuple:
+    """argparse type: ``NxK`` (N columns, K inner), e.g. ``4096x11008``."""
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxK, e.g. 4096x4096, got {text!r}") from None
+    if n < 1 or k < 1:
+        raise argparse.ArgumentTypeError(f"expected N, K >= 1, got {text!r}")
+    return n, k
+
+
+def _dtype_list(text: str) -> list:
+    """argparse type: comma-separated activation dtype names."""
+    names = text.split(",")
+    bad = [n for n in names if n not in _CHOICE_DTYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {', '.join(bad)}; expected "
+                                         f"{', '.join(_CHOICE_DTYPES)}")
+    return names
+
+
+def tune_lines(results: list, exhaustive: list | None = None, ratios: list | None = None
+               ) -> list:
+    """The table ``python -m qkern tune`` prints, one row per tuned key.
+
+    Parameters
+    ----------
+    results : list of (key, qkern.tuning.Choice)
+        As :func:`qkern.tune` returns them.
+    exhaustive : list of (key, qkern.tuning.Choice), optional
+        The exhaustive sweep's results for the same keys, for the last two
+        columns: its best candidate and the tuned choice's time over that
+        candidate's, timed side by side (``ratios``).
+    ratios : list of float, optional
+        Those ratios, one per key (:func:`qkern.tuning.compare`).
+
+    Returns
+    -------
+    list of str
+    """
+    rows = []
+    for i, ((dtype, m, n, k, threads), c) in enumerate(results):
+        b = c.blocking
+        row = (dtype, str(m), str(n), str(k), str(threads), c.static_kernel,
+               f"{c.static_seconds * 1e3:.3f}", c.kernel,
+               f"rows={b.rows} chunk={b.chunk_bytes >> 10}K split={b.split}"
+               + (f" k_block={b.k_block}" if b.k_block else ""), str(c.threads),
+               f"{c.seconds * 1e3:.3f}", f"{c.gain:.2f}", str(c.candidates),
+               f"{c.tuning_seconds:.2f}")
+        if exhaustive is not None:
+            best = exhaustive[i][1]
+            row += (f"{best.kernel} rows={best.blocking.rows} "
+                    f"chunk={best.blocking.chunk_bytes >> 10}K split={best.blocking.split} "
+                    f"thr={best.threads}", f"{ratios[i]:.3f}")
+        rows.append(row)
+    header = ("dtype", "M", "N", "K", "thr", "static kernel", "static ms", "tuned kernel",
+              "blocking", "thr", "tuned ms", "gain", "cands", "tune s")
+    if exhaustive is not None:
+        header += ("sweep's best", "tuned / best")
+    return _table_lines(header, rows)
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the options of ``python -m qkern bench``: ``--quick``, ``--threads``, ``--json``.
 
@@ -194,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns
     -------
     argparse.ArgumentParser
-        With the subcommands ``info`` and ``bench``.
+        With the subcommands ``info``, ``bench`` and ``tune``.
     """
     parser = argparse.ArgumentParser(prog="python -m qkern",
                                      description="qkern: quantized CPU kernels for NumPy.")
@@ -208,6 +272,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "last thread count).",
         epilog="The comparison with NumPy and PyTorch, the end-to-end MLP and the plot: "
                "python benchmarks/woq_bench.py in qkern's source tree."))
+    tune_parser = sub.add_parser(
+        "tune", help="tune shapes ahead of time and show what won",
+        description="Tune every (M, N, K) of the shapes for each dtype and thread count "
+                    "(qkern.tuning: verified candidates, results kept in the tuning file), "
+                    "and print what won, by how much over the static rule, and the cost.")
+    tune_parser.add_argument("--shapes", type=_shape_list, nargs="+", metavar="NxK",
+                             default=[(4096, 4096), (11008, 4096), (4096, 11008)],
+                             help="weight shapes (default: the bench grid)")
+    tune_parser.add_argument("--m", type=_thread_list, metavar="M[,M...]",
+                             default=[1, 4, 16, 32, 64, 128, 256, 1024],
+                             help="rows of activations (default: the bench grid)")
+    tune_parser.add_argument("--dtypes", type=_dtype_list, default=["bfloat16", "float32"],
+                             metavar="D[,D...]", help="activation dtypes")
+    tune_parser.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
+                             help="thread counts (default: all cores)")
+    tune_parser.add_argument("--exhaustive", action="store_true",
+                             help="also time every candidate of the search space, and show the "
+                                  "tuned choice's time over the sweep's best")
     return parser
 
 
@@ -227,6 +309,20 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "info":
         print(info())
+    elif args.command == "tune":
+        shapes = [(m, n, k) for n, k in args.shapes for m in args.m]
+        threads = args.threads or [bench.all_cores()]
+        results = qkern.tune(shapes, args.dtypes, threads, progress=True)
+        sweep = ratios = None
+        if args.exhaustive:
+            sweep = qkern.tune(shapes, args.dtypes, threads, exhaustive=True, progress=True)
+            ratios = [tuning.compare(key, c, best) for (key, c), (_, best) in zip(results, sweep)]
+        print(f"tuning file: {tuning.cache_path()}")
+        print("\n".join(tune_lines(results, sweep, ratios)))
+        spent = sorted(c.tuning_seconds for _, c in results)
+        if spent:
+            print(f"tuning time per key: median {spent[len(spent) // 2]:.2f} s, "
+                  f"max {spent[-1]:.2f} s (as measured when each key was tuned)")
     else:
         bench.run(quick=args.quick, threads=args.threads, json_path=args.json)
     return 0

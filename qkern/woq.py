@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from qkern import _cpu, _woq
+from qkern import _cpu, _woq, tuning
 from qkern._dtypes import dtype_code, dtype_name
 from qkern.dispatch import REGISTRY, Blocking, Kernel, choose_kernel, choose_layout, get_kernel
 from qkern.packing import PackedWeight, check_int8_weight
@@ -340,9 +340,23 @@ class WoqLinear:
         """The bias, shape ``(N,)``, dtype :attr:`dtype` (a read-only view), or None."""
         return None if self._bias is None else _read_only(self._bias)
 
-    def kernel_for(self, m: int) -> Kernel:
-        """The kernel a call with ``m`` rows of activations runs."""
-        return self._forced or choose_kernel(self.dtype, m, self.layout)
+    def kernel_for(self, m: int, num_threads=None) -> Kernel:
+        """The kernel a call with ``m`` rows of activations (and
+        ``num_threads``, as in :meth:`__call__`) runs: the forced one, else
+        the tuned one under ``QKERN_AUTOTUNE=1`` (:mod:`qkern.tuning`, tuned
+        now if new), else the static rule's."""
+        return self._plan(m, num_threads, None)[0]
+
+    def _plan(self, m: int, num_threads, blocking) -> tuple:
+        """``(kernel, blocking, num_threads)`` of a call with ``m`` rows."""
+        if self._forced is not None:
+            return self._forced, blocking, num_threads
+        if tuning.autotune_enabled() and blocking is None and m > 0:
+            threads = _cpu.threads_for_call(_check_threads(num_threads))
+            n, k = self.shape
+            choice = tuning.choice_for(self.dtype, m, n, k, threads, self.layout)
+            return get_kernel(choice.kernel), choice.blocking, choice.threads
+        return choose_kernel(self.dtype, m, self.layout), blocking, num_threads
 
     def weight(self) -> np.ndarray:
         """The int8 ``(N, K)`` weight, unpacked (a new array)."""
@@ -362,7 +376,8 @@ class WoqLinear:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
         m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self.shape
-        return _run(self.kernel_for(m), x, self._weight.data, self._weight.layout, n, k,
+        kern, blocking, num_threads = self._plan(m, num_threads, blocking)
+        return _run(kern, x, self._weight.data, self._weight.layout, n, k,
                     self._scale_f32, self._bias_f32, out, num_threads, (), blocking)
 
     def __getstate__(self) -> dict:

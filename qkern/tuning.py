@@ -1,0 +1,607 @@
+"""The autotuner: for one problem on this CPU, the fastest (kernel, blocking,
+threads) among the candidates that compute it correctly.
+
+A **candidate** is a registry kernel that this process may run and that
+reads the layer's packed layout, a :class:`~qkern.dispatch.Blocking`, and a
+thread count no larger than the call's. The search starts from the static
+rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
+blocking, all the call's threads) and improves one dimension at a time:
+the kernel, then the thread count, the split, the chunk size, the rows per
+task and, for K-block kernels, the K block. Each candidate:
+
+1. is **verified** once, on the tuning input, before it may win: the input
+   holds small integers (x in {-1, 0, 1}, scales 2**-6), so every product
+   and sum is exact in float32 and every correct kernel returns the same
+   bits as the exact product rounded once; a candidate that differs is
+   dropped with a :class:`RuntimeWarning` (a kernel or blocking bug, never
+   a rounding difference);
+2. is **timed** on two inputs in turn, a median of up to 3 calls after one
+   warm-up, and cut off after its first timed call if that took more than
+   1.25 times the best median so far.
+
+Before the search the static choice runs for 20 ms (an idle virtual CPU
+takes milliseconds to wake); after it, the winner and the static choice
+are timed again side by side, 5 calls each in alternation, and the static
+choice stays unless the winner beats it there too. Both times in a
+:class:`Choice` come from that side-by-side run.
+
+Large problems are tuned on a slice of the weight's columns (never fewer
+than four chunks of the largest chunk size per thread, so that every chunk
+size still spreads over the threads; at most 16 MiB of weight beyond that)
+and at most 64 rows of the M bucket:
+the cost per shape stays around half a second on two cores. A candidate's
+speed on the slice stands for its speed on the whole.
+
+Results are kept per key: the CPU signature (vendor, family, model, ISA
+features, L2 and L3 sizes), the qkern version, dtype, M bucket (M itself up
+to 16, then the next power of two), N, K and threads; in memory for the
+process, and in ``tune.json`` under the user cache directory
+(``QKERN_CACHE_DIR``, else ``platformdirs.user_cache_dir("qkern")`` where
+installed, else ``$XDG_CACHE_HOME/qkern`` or ``~/.cache/qkern``), written
+atomically (a new file, then a rename). A file that is not valid, or comes
+from another CPU or another qkern version, is ignored with one warning
+(and replaced at the next write).
+
+``QKERN_AUTOTUNE`` (read at import): ``0`` (the default) leaves every call
+to the static rule; ``1`` tunes each new key on its first use by a
+:class:`~qkern.WoqLinear` (up to about half a second per key on two
+cores, once per CPU thanks to the file). :func:`tune` and ``python -m qkern
+tune`` tune ahead of time.
+
+No bits change with the choice when the tuner keeps the static rule's
+kernel: a blocking or thread count never changes a result
+(:ref:`determinism`), and neither does another kernel on packed panels of
+the same ISA level.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from qkern import _cpu, dispatch
+from qkern._dtypes import DTYPES, dtype_name
+from qkern._lru import LruCache
+from qkern._version import __version__
+from qkern.dispatch import Blocking, Kernel
+
+__all__ = ["Choice", "autotune_enabled", "cache_path", "choice_for", "clear", "compare",
+           "cpu_signature", "m_bucket", "tune"]
+
+FILE_FORMAT = 1
+# Tuning problem size: at most this many rows, and columns for about this
+# many multiply-adds per call, but never fewer than four chunks of the
+# largest chunk size per thread.
+MAX_ROWS = 64
+TARGET_MACS = 1e8
+MAX_WEIGHT_BYTES = 16 << 20
+RUNS = 3
+CUT_OFF = 1.25
+WARM_UP_SECONDS = 0.02
+FINAL_ROUNDS = 5
+
+# The values each dimension takes in the search (the kernel's default too).
+CHUNK_BYTES = (128 << 10, 256 << 10, 512 << 10)
+PANEL_ROWS = (64, 128, 256, 512)
+KBLOCK_ROWS = (256, 1024, 2048)
+K_BLOCKS = (512, 1024, 2048)
+
+_ENV = os.environ.get("QKERN_AUTOTUNE", "0").strip()
+if _ENV not in ("0", "1"):
+    raise ValueError(f"QKERN_AUTOTUNE={_ENV!r}: expected 0 or 1")
+
+# Test-only: called as hook(candidate, y) after each verification run; a
+# test corrupts y to check that a wrong candidate is dropped.
+_verify_hook = None
+
+
+def autotune_enabled() -> bool:
+    """Whether ``QKERN_AUTOTUNE=1``: layers tune each new key on first use."""
+    return _ENV == "1"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the tuner chose for one key, and how it measured.
+
+    Attributes
+    ----------
+    kernel : str
+        The registry kernel's name.
+    blocking : Blocking
+        The blocking to pass with it.
+    threads : int
+        ``num_threads`` to run it with (at most the call's).
+    seconds : float
+        Its median time on the tuning problem.
+    static_seconds : float
+        The static rule's median time on the same problem, the same run.
+    static_kernel : str
+        The static rule's kernel.
+    candidates : int
+        Candidates timed (verified ones; those cut off early count).
+    tuning_seconds : float
+        Wall time the tuning took.
+    """
+
+    kernel: str
+    blocking: Blocking
+    threads: int
+    seconds: float
+    static_seconds: float
+    static_kernel: str
+    candidates: int
+    tuning_seconds: float
+
+    @property
+    def gain(self) -> float:
+        """The static rule's time over the tuned choice's."""
+        return self.static_seconds / self.seconds
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["blocking"] = asdict(self.blocking)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> Choice:
+        return cls(**{**d, "blocking": Blocking(**d["blocking"])})
+
+
+def m_bucket(m: int) -> int:
+    """The M a key stands for: M itself up to 16, then the next power of two."""
+    return m if m <= 16 else 1 << (m - 1).bit_length()
+
+
+def _sysfs_cache_sizes() -> dict:
+    sizes = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for entry in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            level = (entry / "level").read_text().strip()
+            kind = (entry / "type").read_text().strip()
+            size = (entry / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind != "Instruction":
+            sizes[f"L{level}"] = size
+    return sizes
+
+
+def cpu_signature() -> dict:
+    """What a tuning result is valid for: vendor, family, model, the ISA
+    features qkern detects, and the L2/L3 sizes.
+
+    Returns
+    -------
+    dict
+        JSON-able; equal on machines whose results may be shared.
+    """
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                name = name.strip()
+                if name in ("vendor_id", "cpu family", "model", "model name") and name not in info:
+                    info[name] = value.strip()
+                if not line.strip() and info:
+                    break
+    except OSError:
+        pass
+    features = sorted(f for f, on in dispatch.cpu_features().items() if on)
+    caches = _sysfs_cache_sizes()
+    return {"vendor": info.get("vendor_id", ""), "family": info.get("cpu family", ""),
+            "model": info.get("model", ""), "model_name": info.get("model name", ""),
+            "features": features, "isa_cap": dispatch.ISA_CAP,
+            "l2": caches.get("L2", ""), "l3": caches.get("L3", "")}
+
+
+def cache_path() -> Path:
+    """The JSON file of tuning results (see the module docstring)."""
+    base = os.environ.get("QKERN_CACHE_DIR")
+    if not base:
+        try:
+            import platformdirs
+
+            base = platformdirs.user_cache_dir("qkern")
+        except ImportError:
+            base = os.path.join(os.environ.get("XDG_CACHE_HOME")
+                                or os.path.expanduser("~/.cache"), "qkern")
+    return Path(base) / "tune.json"
+
+
+class _Store:
+    """Tuning results of this process, and the file they persist in."""
+
+    def __init__(self):
+        self.memory = LruCache(maxsize=1 << 16)
+        self._file_lock = threading.Lock()
+        self._loaded_from = None
+        self._from_file: dict = {}
+
+    def _read_file(self, path: Path) -> dict:
+        """The file's entries valid here, ``{key: Choice}``; one warning if
+        the file is unreadable, corrupt, foreign or old."""
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            warnings.warn(f"qkern.tune: cannot read {path} ({e}); tuning afresh",
+                          RuntimeWarning, stacklevel=4)
+            return {}
+        try:
+            data = json.loads(text)
+            if data.get("format") != FILE_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}")
+            if data.get("qkern") != __version__:
+                warnings.warn(f"qkern.tune: {path} holds results of qkern {data.get('qkern')}, "
+                              f"not {__version__}: ignored", RuntimeWarning, stacklevel=4)
+                return {}
+            if data.get("cpu") != cpu_signature():
+                warnings.warn(f"qkern.tune: {path} holds results of another CPU "
+                              f"({data.get('cpu', {}).get('model_name', '?')}): ignored",
+                              RuntimeWarning, stacklevel=4)
+                return {}
+            out = {}
+            for entry in data["entries"]:
+                key = tuple(entry["key"])
+                choice = Choice.from_json(entry["choice"])
+                if _usable(choice, key):
+                    out[key] = choice
+            return out
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            warnings.warn(f"qkern.tune: {path} is not a valid tuning file ({e}): ignored",
+                          RuntimeWarning, stacklevel=4)
+            return {}
+
+    def lookup_file(self, key: tuple):
+        """The file's choice for ``key``, or None (the file read once per path)."""
+        path = cache_path()
+        with self._file_lock:
+            if self._loaded_from != path:
+                self._from_file = self._read_file(path)
+                self._loaded_from = path
+            return self._from_file.get(key)
+
+    def save(self, key: tuple, choice: Choice) -> None:
+        """Add ``key`` to the file: read, merge, write a new file, rename."""
+        path = cache_path()
+        with self._file_lock:
+            entries = {}
+            if path.exists():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # warned about when it was read
+                    entries = self._read_file(path)
+            entries[key] = choice
+            data = {"format": FILE_FORMAT, "qkern": __version__, "cpu": cpu_signature(),
+                    "entries": [{"key": list(k), "choice": c.to_json()}
+                                for k, c in entries.items()]}
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(data, fh, indent=1)
+                os.replace(tmp, path)
+            except OSError as e:
+                warnings.warn(f"qkern.tune: cannot write {path} ({e}); results stay in memory",
+                              RuntimeWarning, stacklevel=4)
+            self._from_file = entries
+            self._loaded_from = path
+
+    def clear(self) -> None:
+        self.memory.clear()
+        with self._file_lock:
+            self._loaded_from = None
+            self._from_file = {}
+
+
+_STORE = _Store()
+
+
+def clear() -> None:
+    """Forget the results held in memory (the file stays)."""
+    _STORE.clear()
+
+
+def _key(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple) -> tuple:
+    return (dtype, m_bucket(m), n, k, threads, *layout)
+
+
+def _usable(choice: Choice, key: tuple) -> bool:
+    """Whether a stored choice may run here for ``key``."""
+    kernels = {kern.name: kern for kern in dispatch.REGISTRY}
+    kern = kernels.get(choice.kernel)
+    if kern is None or not kern.available or key[0] not in kern.dtypes:
+        return False
+    if tuple(key[5:]) != kern.layout or not 1 <= choice.threads <= key[4]:
+        return False
+    try:
+        choice.blocking.check(kern.kind)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    kernel: Kernel
+    blocking: Blocking
+    threads: int
+
+    def describe(self) -> str:
+        return f"{self.kernel.name} {self.blocking} threads={self.threads}"
+
+
+class _Problem:
+    """The tuning input of one key: exact data, its exact result, packed."""
+
+    def __init__(self, dtype: str, m: int, n: int, k: int, threads: int, layout: tuple):
+        from qkern.packing import PackedWeight
+        from qkern.woq import _padded_f32
+
+        self.dtype = DTYPES[dtype]
+        self.m = min(m_bucket(m), MAX_ROWS)
+        nr = layout[0]
+        panels_per_chunk = max(1, max(CHUNK_BYTES) // max(k * nr, 1))
+        cols = max(4 * threads * panels_per_chunk * nr,
+                   min(int(TARGET_MACS / max(self.m * k, 1)), MAX_WEIGHT_BYTES // max(k, 1)))
+        self.n = min(n, -(-cols // nr) * nr)
+        self.k = k
+        rng = np.random.default_rng(0)
+        w = np.frombuffer(rng.bytes(self.n * k), np.int8).reshape(self.n, k)
+        xi = rng.integers(-1, 2, (2, self.m, k)).astype(np.int64)
+        xi[..., 1 << 16:] = 0  # keeps every sum below 2**23: exact in float32
+        self.x = [a.astype(np.float32).astype(self.dtype) for a in xi]
+        scale = np.float32(2.0 ** -6)
+        # float64 holds every product and sum exactly (|sum| < 2**24)
+        exact = (xi[0].astype(np.float64) @ w.T.astype(np.float64)) * float(scale)
+        self.want = exact.astype(np.float32).astype(self.dtype).view(np.uint8)
+        self.layout = layout
+        self.packed = PackedWeight(w, layout)
+        self.scale_f32 = _padded_f32(np.full(self.n, scale, np.float32), layout[0])
+
+    def run(self, cand: _Candidate, x: np.ndarray) -> np.ndarray:
+        from qkern.woq import _run
+
+        return _run(cand.kernel, x, self.packed.data, self.layout, self.n, self.k,
+                    self.scale_f32, None, None, cand.threads, (), cand.blocking)
+
+    def verify(self, cand: _Candidate) -> bool:
+        y = self.run(cand, self.x[0])
+        if _verify_hook is not None:
+            y = _verify_hook(cand, y)
+        return np.array_equal(y.view(np.uint8), self.want)
+
+
+class _Search:
+    """Times candidates on one problem, best first; drops wrong ones."""
+
+    def __init__(self, problem: _Problem):
+        self.problem = problem
+        self.best = None
+        self.best_seconds = math.inf
+        self.timed = 0
+        self.seen: dict = {}
+
+    def time(self, cand: _Candidate) -> float:
+        """The candidate's median seconds, inf if wrong or cut off."""
+        if cand in self.seen:
+            return self.seen[cand]
+        seconds = math.inf
+        if not self.problem.verify(cand):
+            warnings.warn(f"qkern.tune: {cand.describe()} gave wrong results on the tuning "
+                          "input: dropped", RuntimeWarning, stacklevel=5)
+        else:
+            self.timed += 1
+            runs = []
+            for x in itertools.islice(itertools.cycle(self.problem.x), RUNS):
+                start = time.perf_counter()
+                self.problem.run(cand, x)
+                runs.append(time.perf_counter() - start)
+                if len(runs) == 1 and runs[0] > CUT_OFF * self.best_seconds:
+                    break
+            seconds = sorted(runs)[len(runs) // 2] if len(runs) == RUNS else math.inf
+        self.seen[cand] = seconds
+        if seconds < self.best_seconds:
+            self.best, self.best_seconds = cand, seconds
+        return seconds
+
+    def improve(self, variants) -> None:
+        """Try each variant of the best candidate so far."""
+        for cand in list(variants):
+            self.time(cand)
+
+    def warm_up(self, cand: _Candidate) -> None:
+        """Run ``cand`` for at least WARM_UP_SECONDS (and 3 calls) before any
+        timing: an idle virtual CPU or thread takes milliseconds to wake."""
+        start, calls = time.perf_counter(), 0
+        while calls < 3 or time.perf_counter() - start < WARM_UP_SECONDS:
+            self.problem.run(cand, self.problem.x[calls % 2])
+            calls += 1
+
+    def side_by_side(self, a: _Candidate, b: _Candidate) -> tuple:
+        """Median seconds of ``a`` and ``b`` over FINAL_ROUNDS alternating calls."""
+        times = ([], [])
+        for r in range(FINAL_ROUNDS):
+            for cand, out in ((a, times[0]), (b, times[1])):
+                start = time.perf_counter()
+                self.problem.run(cand, self.problem.x[r % 2])
+                out.append(time.perf_counter() - start)
+        return tuple(sorted(t)[len(t) // 2] for t in times)
+
+
+def _blockings(kern: Kernel, base: Blocking, dimension: str) -> list:
+    if dimension == "split":
+        return [replace(base, split=s) for s in dispatch.SPLITS] if kern.kind != "kblock" else []
+    if dimension == "chunk_bytes":
+        return [replace(base, chunk_bytes=c) for c in CHUNK_BYTES]
+    if dimension == "rows":
+        rows = KBLOCK_ROWS if kern.kind == "kblock" else PANEL_ROWS
+        return [replace(base, rows=r) for r in rows]
+    if dimension == "k_block":
+        return [replace(base, k_block=b) for b in K_BLOCKS] if kern.kind == "kblock" else []
+    raise ValueError(dimension)
+
+
+def _thread_counts(threads: int) -> list:
+    counts = {threads}
+    while threads > 1:
+        threads //= 2
+        counts.add(threads)
+    return sorted(counts, reverse=True)
+
+
+def _kernels(dtype: str, layout: tuple) -> list:
+    return [k for k in dispatch.REGISTRY if k.available and dtype in k.dtypes
+            and k.layout == tuple(layout) and k.kind != "unpacked"]
+
+
+def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
+          exhaustive: bool = False) -> Choice:
+    start = time.perf_counter()
+    problem = _Problem(dtype, m, n, k, threads, layout)
+    search = _Search(problem)
+    static_kern = dispatch.choose_kernel(problem.dtype, m, layout)
+    static = _Candidate(static_kern, static_kern.blocking, threads)
+    search.warm_up(static)
+    search.time(static)
+    if exhaustive:
+        for kern in _kernels(dtype, layout):
+            dims = [_blockings(kern, kern.blocking, d) or [kern.blocking]
+                    for d in ("split", "chunk_bytes", "rows", "k_block")]
+            for split, chunk, rows, kb in itertools.product(*dims):
+                blocking = replace(kern.blocking, split=split.split, rows=rows.rows,
+                                   chunk_bytes=chunk.chunk_bytes, k_block=kb.k_block)
+                search.improve(_Candidate(kern, blocking, t) for t in _thread_counts(threads))
+    else:
+        search.improve(_Candidate(kern, kern.blocking, threads)
+                       for kern in _kernels(dtype, layout))
+        if search.best is not None:
+            best = search.best
+            search.improve(replace(best, threads=t) for t in _thread_counts(threads))
+            for dimension in ("split", "chunk_bytes", "rows", "k_block"):
+                best = search.best
+                search.improve(replace(best, blocking=b)
+                               for b in _blockings(best.kernel, best.blocking, dimension))
+    if search.best is None or not math.isfinite(search.best_seconds):
+        raise RuntimeError(f"qkern.tune: no candidate computed dtype={dtype} M={m} N={n} K={k} "
+                           "correctly (see the warnings)")
+    best, (seconds, static_seconds) = search.best, (search.best_seconds,) * 2
+    if best != static:
+        seconds, static_seconds = search.side_by_side(best, static)
+        if seconds >= static_seconds:
+            best, seconds = static, static_seconds
+    return Choice(kernel=best.kernel.name, blocking=best.blocking, threads=best.threads,
+                  seconds=seconds, static_seconds=static_seconds,
+                  static_kernel=static_kern.name, candidates=search.timed,
+                  tuning_seconds=time.perf_counter() - start)
+
+
+def compare(key: tuple, a: Choice, b: Choice) -> float:
+    """``a``'s time over ``b``'s on the tuning problem of ``key`` (``(dtype,
+    M, N, K, threads)``, as :func:`tune` returns it), timed side by side."""
+    dtype, m, n, k, threads = key
+    layout = dispatch.choose_layout(DTYPES[dtype])
+    search = _Search(_Problem(dtype, m, n, k, threads, layout))
+    ca, cb = (_Candidate(dispatch.get_kernel(c.kernel), c.blocking, c.threads) for c in (a, b))
+    search.warm_up(ca)
+    ta, tb = search.side_by_side(ca, cb)
+    return ta / tb
+
+
+def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None = None) -> Choice:
+    """The tuned choice for a key: from memory, else the file, else tuned now
+    (and saved). Threads missing on one key tune it once.
+
+    Parameters
+    ----------
+    dtype : numpy dtype or str
+        The activations' dtype.
+    m, n, k : int
+        The problem (M is bucketed, see :func:`m_bucket`).
+    threads : int
+        The call's thread count (after :func:`qkern.woq` caps it).
+    layout : tuple, optional
+        The packed layout of the weight; default: the one a layer of this
+        dtype packs (:func:`qkern.dispatch.choose_layout`).
+
+    Returns
+    -------
+    Choice
+    """
+    name = dtype_name(dtype)
+    layout = tuple(layout) if layout is not None else dispatch.choose_layout(DTYPES[name])
+    key = _key(name, m, n, k, threads, layout)
+
+    def build():
+        found = _STORE.lookup_file(key)
+        if found is not None:
+            return found
+        choice = _tune(name, m, n, k, threads, layout)
+        _STORE.save(key, choice)
+        return choice
+
+    return _STORE.memory.get(key, build)
+
+
+def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bool = False,
+         progress: bool = False) -> list:
+    """Tune ahead of time: every (M, N, K) of ``shapes`` for every dtype and
+    thread count, kept in memory and in the file.
+
+    Parameters
+    ----------
+    shapes : iterable of (M, N, K)
+        Problems, as a layer sees them (M rows of activations).
+    dtypes : iterable of str
+        Activation dtypes.
+    threads : iterable of int, optional
+        Thread counts; default: this process's (OpenMP's) count.
+    exhaustive : bool
+        Time the whole product of candidates instead of the search, for
+        comparison; the result is not stored.
+    progress : bool
+        Show a progress bar (needs tqdm; ignored without it).
+
+    Returns
+    -------
+    list of (key, Choice)
+        ``key`` is ``(dtype, M, N, K, threads)``.
+    """
+    if threads is None:
+        threads = [_cpu.threads_for_call(0)]
+    jobs = [(dtype_name(DTYPES[d]), m, n, k, t)
+            for (m, n, k), d, t in itertools.product(shapes, dtypes, threads)]
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(jobs), desc="qkern tune", unit="key")
+        except ImportError:
+            bar = None
+    out = []
+    for dtype, m, n, k, t in jobs:
+        if exhaustive:
+            layout = dispatch.choose_layout(DTYPES[dtype])
+            choice = _tune(dtype, m, n, k, t, layout, exhaustive=True)
+        else:
+            choice = choice_for(dtype, m, n, k, t)
+        out.append(((dtype, m, n, k, t), choice))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out

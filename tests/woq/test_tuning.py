@@ -1,0 +1,176 @@
+"""qkern.tuning: verified candidates, the cache in memory and on disk, the
+autotune mode of WoqLinear, and python -m qkern tune."""
+
+import json
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import qkern
+from process_support import run_python
+from qkern import tuning
+from qkern.__main__ import main
+
+SHAPE = (3, 96, 80)  # M, N, K: small enough to tune in well under a second
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Each test tunes into a fresh file and an empty memory cache."""
+    monkeypatch.setenv("QKERN_CACHE_DIR", str(tmp_path))
+    tuning.clear()
+    yield tmp_path
+    tuning.clear()
+
+
+def _choice(dtype="float32", threads=1):
+    m, n, k = SHAPE
+    return tuning.choice_for(np.dtype(dtype), m, n, k, threads)
+
+
+def _count_tunings(monkeypatch) -> list:
+    calls = []
+    real = tuning._tune
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "_tune", counting)
+    return calls
+
+
+def test_choice_is_verified_and_runs_here():
+    choice = _choice()
+    kern = qkern.dispatch.get_kernel(choice.kernel)
+    assert kern.available and "float32" in kern.dtypes
+    assert 1 <= choice.threads <= 1 and choice.candidates >= 2
+    assert choice.seconds <= choice.static_seconds * 1.0000001  # the static rule is a candidate
+
+
+def test_cache_round_trip_through_the_file(cache_dir, monkeypatch):
+    first = _choice()
+    data = json.loads((cache_dir / "tune.json").read_text())
+    assert data["qkern"] == qkern.__version__ and data["cpu"] == tuning.cpu_signature()
+    assert len(data["entries"]) == 1
+    tuning.clear()  # a new process: memory empty, the file remains
+    calls = _count_tunings(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _choice() == first
+    assert calls == []
+
+
+@pytest.mark.parametrize("edit, warning", [
+    (lambda d: "{ not json", "not a valid tuning file"),
+    (lambda d: json.dumps({**d, "entries": [{"key": [1]}]}), "not a valid tuning file"),
+    (lambda d: json.dumps({**d, "cpu": {**d["cpu"], "model_name": "Other CPU"}}),
+     "another CPU"),
+    (lambda d: json.dumps({**d, "qkern": "0.0.1"}), "qkern 0.0.1"),
+])
+def test_corrupt_foreign_or_old_file_is_ignored_with_one_warning(cache_dir, monkeypatch, edit,
+                                                                  warning):
+    _choice()
+    path = cache_dir / "tune.json"
+    path.write_text(edit(json.loads(path.read_text())))
+    tuning.clear()
+    calls = _count_tunings(monkeypatch)
+    with pytest.warns(RuntimeWarning, match=warning) as caught:
+        _choice()
+        _choice(threads=1)
+        _choice(dtype="bfloat16")  # another key: the file is not read again
+    assert len([w for w in caught if warning in str(w.message)]) == 1
+    assert len(calls) == 2  # both keys tuned afresh
+    data = json.loads(path.read_text())  # and the file replaced by a valid one
+    assert data["qkern"] == qkern.__version__ and len(data["entries"]) == 2
+
+
+def test_a_stored_choice_this_cpu_cannot_run_is_tuned_again(cache_dir, monkeypatch):
+    _choice()
+    path = cache_dir / "tune.json"
+    data = json.loads(path.read_text())
+    data["entries"][0]["choice"]["kernel"] = "no_such_kernel"
+    path.write_text(json.dumps(data))
+    tuning.clear()
+    calls = _count_tunings(monkeypatch)
+    assert qkern.dispatch.get_kernel(_choice().kernel).available
+    assert len(calls) == 1
+
+
+def test_two_threads_tune_one_key_once(monkeypatch):
+    calls = _count_tunings(monkeypatch)
+    got, start = [], threading.Barrier(2)
+
+    def worker():
+        start.wait()
+        got.append(_choice())
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got[0] == got[1]
+
+
+def test_a_wrong_candidate_is_dropped(monkeypatch):
+    """The test-only hook corrupts one element of every split-"n" candidate's
+    verification output: none of them may win, each is reported."""
+    def corrupt(cand, y):
+        if cand.blocking.split == "n":
+            y = y.copy()
+            y.flat[7] += 1
+        return y
+
+    monkeypatch.setattr(tuning, "_verify_hook", corrupt)
+    with pytest.warns(RuntimeWarning, match="wrong results on the tuning input: dropped"):
+        choice = _choice()
+    assert choice.blocking.split == "m"
+
+
+def test_no_correct_candidate_is_an_error(monkeypatch):
+    monkeypatch.setattr(tuning, "_verify_hook", lambda cand, y: y + 1)
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="no candidate"):
+        _choice()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_autotuned_layer_gives_the_bits_of_its_kernel(monkeypatch, dtype):
+    """Under QKERN_AUTOTUNE=1 a layer runs the tuned (kernel, blocking,
+    threads): the bits of that kernel run untuned, since neither a blocking
+    nor a thread count changes a result."""
+    rng = np.random.default_rng(1)
+    m, n, k = SHAPE
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.01, 0.1, n).astype(dtype)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    layer = qkern.WoqLinear(w, s)
+    untuned = layer(x, num_threads=1)
+    monkeypatch.setattr(tuning, "_ENV", "1")
+    tuned = layer(x, num_threads=1)
+    choice = tuning.choice_for(np.dtype(dtype), m, n, k, 1)
+    assert layer.kernel_for(m, num_threads=1).name == choice.kernel
+    same_kernel = qkern.WoqLinear(w, s, kernel=choice.kernel)(x, num_threads=1)
+    assert np.array_equal(tuned.view(np.uint8), same_kernel.view(np.uint8))
+    if choice.kernel == choice.static_kernel:
+        assert np.array_equal(tuned.view(np.uint8), untuned.view(np.uint8))
+
+
+def test_m_bucket():
+    assert [tuning.m_bucket(m) for m in (1, 5, 16, 17, 64, 65, 1000)] == \
+        [1, 5, 16, 32, 64, 128, 1024]
+
+
+def test_autotune_variable_is_checked_at_import():
+    proc = run_python("import qkern", env={"QKERN_AUTOTUNE": "yes"})
+    assert proc.returncode != 0 and "QKERN_AUTOTUNE='yes'" in proc.stderr
+
+
+def test_cli_tune_prints_the_table(capsys):
+    assert main(["tune", "--shapes", "96x80", "--m", "1,3", "--dtypes", "float32",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned kernel" in out and "gain" in out and "tuning time per key" in out
+    assert len([line for line in out.splitlines() if line.startswith("float32")]) == 2
