@@ -69,7 +69,7 @@ def test_cold_copies_exceed_the_cache():
     llc = roofline.last_level_cache_bytes()
     for nbytes in (1 << 20, 16 << 20, llc, 4 * llc):
         copies = peers.copies_for_cold(nbytes)
-        assert copies >= 2 and copies * nbytes >= 1.5 * llc
+        assert copies >= 2 and copies * nbytes >= peers.COLD_FACTOR * llc
 
 
 def test_roofline_seconds_takes_the_binding_ceiling():
