@@ -5,8 +5,9 @@
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, unpacked.
  * x in f32, f16 or bf16.  For each of up to 4 rows of x and C columns at a
- * time (C = 4 for 1-2 rows, 2 for 3-4, so the sums fit the 16 ymm
- * registers), 8-wide fp32 FMA partial sums along k (int8 widened
+ * time (C = 4 for 1-2 rows, 3 for 3-4: at most 12 sums in the 16 ymm
+ * registers, and each row of x, which no longer fits L1 at 3-4 rows, read
+ * once per C columns), 8-wide fp32 FMA partial sums along k (int8 widened
  * in-register, x widened once per step and shared by the columns), a
  * horizontal sum at the end (lanes 0..7 added pairwise, in one fixed
  * order), then scale (multiply), bias (add) and one rounding to the output
@@ -92,7 +93,7 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
 QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc,
                          const void* const* a, const int8_t* w, const float* scale,
                          const float* bias, void* c, ptrdiff_t c_stride) {
-  const size_t C = R <= 2 ? 4 : 2;
+  const size_t C = R <= 2 ? 4 : 3;
   const char* ar[4];
   for (size_t i = 0; i < R; i++) ar[i] = (const char*)a[i];
   for (size_t n0 = 0; n0 < nc; n0 += C)
