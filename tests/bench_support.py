@@ -7,6 +7,14 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+def runtimes_module():
+    """``benchmarks/runtimes.py`` as the module ``peers.py`` imports by name
+    (one instance, in ``sys.modules``)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module("runtimes")
+
+
 def load_benchmark(name: str):
     """``benchmarks/<name>.py`` as a module, imported by path (with its folder
     on ``sys.path``: the benchmark modules import each other by name)."""

@@ -7,6 +7,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import qkern
+from bench_support import runtimes_module
+from process_support import asan_loaded
 
 settings.register_profile(
     "ci", max_examples=300, deadline=None, derandomize=True,
@@ -29,6 +31,16 @@ def pytest_report_header(config):
             f"(QKERN_ISA={os.environ.get('QKERN_ISA', '')!r}), "
             f"from {os.path.dirname(qkern.__file__)}",
             f"qkern kernels available: {', '.join(avail)}"]
+
+
+@pytest.fixture(autouse=True)
+def _no_runtime_peers_under_asan(monkeypatch):
+    """Under make sanitize the benchmarks run without OpenVINO and ONNX
+    Runtime: OpenVINO loads its libraries with RTLD_DEEPBIND, which
+    AddressSanitizer refuses by ending the process."""
+    if asan_loaded():
+        monkeypatch.setattr(runtimes_module(), "available",
+                            lambda: {"openvino": None, "onnxruntime": None})
 
 
 def kernel_params():
