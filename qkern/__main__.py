@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune_parser.add_argument("--dtypes", type=_dtype_list, default=["bfloat16", "float32"],
                              metavar="D[,D...]", help="activation dtypes")
     tune_parser.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
-                             help="thread counts (default: all cores)")
+                             help="thread counts (default: the count a call uses, OpenMP's)")
     tune_parser.add_argument("--exhaustive", action="store_true",
                              help="also time every candidate of the search space, and show the "
                                   "tuned choice's time over the sweep's best")
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
         print(info())
     elif args.command == "tune":
         shapes = [(m, n, k) for n, k in args.shapes for m in args.m]
-        threads = args.threads or [bench.all_cores()]
+        threads = args.threads  # None: the count a call would use (qkern.tune)
         results = qkern.tune(shapes, args.dtypes, threads, progress=True)
         sweep = ratios = None
         if args.exhaustive:

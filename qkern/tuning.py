@@ -6,8 +6,9 @@ reads the layer's packed layout, a :class:`~qkern.dispatch.Blocking`, and a
 thread count no larger than the call's. The search starts from the static
 rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
-the kernel, then the thread count, the split, the chunk size, the rows per
-task and, for K-block kernels, the K block. Each candidate:
+the kernel (of the static choice's ISA level), then the thread count, the
+split, the chunk size, the rows per task and, for K-block kernels, the K
+block. Each candidate:
 
 1. is **verified** once, on the tuning input, before it may win: the input
    holds small integers (x in {-1, 0, 1}, scales 2**-6), so every product
@@ -34,13 +35,14 @@ speed on the slice stands for its speed on the whole.
 
 Results are kept per key: the CPU signature (vendor, family, model, ISA
 features, L2 and L3 sizes), the qkern version, dtype, M bucket (M itself up
-to 16, then the next power of two), N, K and threads; in memory for the
-process, and in ``tune.json`` under the user cache directory
-(``QKERN_CACHE_DIR``, else ``platformdirs.user_cache_dir("qkern")`` where
-installed, else ``$XDG_CACHE_HOME/qkern`` or ``~/.cache/qkern``), written
-atomically (a new file, then a rename). A file that is not valid, or comes
-from another CPU or another qkern version, is ignored with one warning
-(and replaced at the next write).
+to 16, then the next power of two), N, K, threads, packed layout and ISA
+cap; in memory for the process, and in ``tune.json`` under the user cache
+directory (``QKERN_CACHE_DIR``, else ``platformdirs.user_cache_dir("qkern")``
+where installed, else ``$XDG_CACHE_HOME/qkern`` or ``~/.cache/qkern``),
+each entry with its CPU signature and version, written under a file lock
+and atomically (a new file, then a rename), other processes' and other
+CPUs' entries kept. A file that is not valid, or holds nothing for this
+CPU and version, is ignored with one warning.
 
 ``QKERN_AUTOTUNE`` (read at import): ``0`` (the default) leaves every call
 to the static rule; ``1`` tunes each new key on its first use by a
@@ -56,6 +58,7 @@ the same ISA level.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import math
@@ -203,7 +206,7 @@ def cpu_signature() -> dict:
     caches = _sysfs_cache_sizes()
     return {"vendor": info.get("vendor_id", ""), "family": info.get("cpu family", ""),
             "model": info.get("model", ""), "model_name": info.get("model name", ""),
-            "features": features, "isa_cap": dispatch.ISA_CAP,
+            "features": features,
             "l2": caches.get("L2", ""), "l3": caches.get("L3", "")}
 
 
@@ -222,7 +225,12 @@ def cache_path() -> Path:
 
 
 class _Store:
-    """Tuning results of this process, and the file they persist in."""
+    """Tuning results of this process, and the file they persist in.
+
+    The file holds entries of any CPU and qkern version, each with its own
+    signature: a process uses those of its own and keeps the others when it
+    writes (a home directory shared by several machines shares one file).
+    """
 
     def __init__(self):
         self.memory = LruCache(maxsize=1 << 16)
@@ -230,75 +238,97 @@ class _Store:
         self._loaded_from = None
         self._from_file: dict = {}
 
-    def _read_file(self, path: Path) -> dict:
-        """The file's entries valid here, ``{key: Choice}``; one warning if
-        the file is unreadable, corrupt, foreign or old."""
+    @staticmethod
+    def _entries(path: Path) -> list:
+        """The file's entries as written, ``[]`` for no file; ValueError
+        (or OSError) if it cannot be read as a tuning file."""
         try:
             text = path.read_text()
         except FileNotFoundError:
-            return {}
-        except OSError as e:
-            warnings.warn(f"qkern.tune: cannot read {path} ({e}); tuning afresh",
-                          RuntimeWarning, stacklevel=4)
-            return {}
+            return []
+        data = json.loads(text)  # UnicodeDecodeError and JSONDecodeError: ValueError
+        if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
+            raise ValueError("not a qkern tuning file of format 1")
+        entries = data.get("entries")
+        if not isinstance(entries, list) or not all(
+                isinstance(e, dict) and {"cpu", "qkern", "key", "choice"} <= e.keys()
+                for e in entries):
+            raise ValueError("malformed entries")
+        return entries
+
+    def _read(self, path: Path, warn: bool) -> tuple:
+        """``(this process's choices {key: Choice}, every entry as written)``;
+        with ``warn``, one warning if the file is unreadable or corrupt, or
+        holds nothing for this CPU and qkern version."""
         try:
-            data = json.loads(text)
-            if data.get("format") != FILE_FORMAT:
-                raise ValueError(f"format {data.get('format')!r}")
-            if data.get("qkern") != __version__:
-                warnings.warn(f"qkern.tune: {path} holds results of qkern {data.get('qkern')}, "
-                              f"not {__version__}: ignored", RuntimeWarning, stacklevel=4)
-                return {}
-            if data.get("cpu") != cpu_signature():
-                warnings.warn(f"qkern.tune: {path} holds results of another CPU "
-                              f"({data.get('cpu', {}).get('model_name', '?')}): ignored",
-                              RuntimeWarning, stacklevel=4)
-                return {}
-            out = {}
-            for entry in data["entries"]:
-                key = tuple(entry["key"])
+            entries = self._entries(path)
+        except (OSError, ValueError) as e:
+            if warn:
+                what = "cannot be read" if isinstance(e, OSError) else "is not a valid tuning file"
+                warnings.warn(f"qkern.tune: {path} {what} ({e}): ignored",
+                              RuntimeWarning, stacklevel=5)
+            return {}, []
+        mine, signature = {}, cpu_signature()
+        for entry in entries:
+            if entry["cpu"] != signature or entry["qkern"] != __version__:
+                continue
+            try:
+                key = _checked_key(entry["key"])
                 choice = Choice.from_json(entry["choice"])
-                if _usable(choice, key):
-                    out[key] = choice
-            return out
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            warnings.warn(f"qkern.tune: {path} is not a valid tuning file ({e}): ignored",
-                          RuntimeWarning, stacklevel=4)
-            return {}
+            except (ValueError, TypeError, KeyError):
+                if warn:
+                    warnings.warn(f"qkern.tune: {path} has a malformed entry: ignored",
+                                  RuntimeWarning, stacklevel=5)
+                    warn = False
+                continue
+            if _usable(choice, key):
+                mine[key] = choice
+        if warn and entries and not any(e["cpu"] == signature and e["qkern"] == __version__
+                                        for e in entries):
+            other = entries[0]
+            name = other["cpu"].get("model_name", "?") if isinstance(other["cpu"], dict) else "?"
+            warnings.warn(f"qkern.tune: {path} holds results of another CPU or qkern version "
+                          f"only ({name}, qkern {other['qkern']}): not used here",
+                          RuntimeWarning, stacklevel=5)
+        return mine, entries
 
     def lookup_file(self, key: tuple):
         """The file's choice for ``key``, or None (the file read once per path)."""
         path = cache_path()
         with self._file_lock:
             if self._loaded_from != path:
-                self._from_file = self._read_file(path)
+                self._from_file = self._read(path, warn=True)[0]
                 self._loaded_from = path
             return self._from_file.get(key)
 
     def save(self, key: tuple, choice: Choice) -> None:
-        """Add ``key`` to the file: read, merge, write a new file, rename."""
+        """Add ``key`` to the file under an exclusive lock on ``tune.json.lock``
+        (other processes too): read, merge, write a new file, rename."""
         path = cache_path()
+        signature = cpu_signature()
+        entry = {"cpu": signature, "qkern": __version__, "key": list(key),
+                 "choice": choice.to_json()}
+        tmp = None
         with self._file_lock:
-            entries = {}
-            if path.exists():
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # warned about when it was read
-                    entries = self._read_file(path)
-            entries[key] = choice
-            data = {"format": FILE_FORMAT, "qkern": __version__, "cpu": cpu_signature(),
-                    "entries": [{"key": list(k), "choice": c.to_json()}
-                                for k, c in entries.items()]}
+            self._from_file[key] = choice
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)
-                with os.fdopen(fd, "w") as fh:
-                    json.dump(data, fh, indent=1)
-                os.replace(tmp, path)
-            except OSError as e:
+                with open(path.with_name(path.name + ".lock"), "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    _, entries = self._read(path, warn=False)
+                    entries = [e for e in entries if not _own_entry_to_replace(e, entry)]
+                    data = {"format": FILE_FORMAT, "entries": entries + [entry]}
+                    fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)
+                    with os.fdopen(fd, "w") as fh:
+                        json.dump(data, fh, indent=1)
+                    os.replace(tmp, path)
+                    tmp = None
+            except (OSError, TypeError, ValueError) as e:
                 warnings.warn(f"qkern.tune: cannot write {path} ({e}); results stay in memory",
                               RuntimeWarning, stacklevel=4)
-            self._from_file = entries
-            self._loaded_from = path
+            finally:
+                if tmp is not None:
+                    os.unlink(tmp)
 
     def clear(self) -> None:
         self.memory.clear()
@@ -316,7 +346,29 @@ def clear() -> None:
 
 
 def _key(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple) -> tuple:
-    return (dtype, m_bucket(m), n, k, threads, *layout)
+    """(dtype, M bucket, N, K, threads, nr, kr, ISA cap): plain str and ints."""
+    return (dtype, m_bucket(int(m)), int(n), int(k), int(threads), int(layout[0]),
+            int(layout[1]), dispatch.ISA_CAP)
+
+
+def _own_entry_to_replace(old: dict, new: dict) -> bool:
+    """Whether a file entry goes when ``new`` is written: one of this CPU
+    and version with the same key, or with a malformed one."""
+    if old["cpu"] != new["cpu"] or old["qkern"] != new["qkern"]:
+        return False
+    try:
+        return list(_checked_key(old["key"])) == new["key"]
+    except ValueError:
+        return True
+
+
+def _checked_key(raw) -> tuple:
+    """A key read from the file, ValueError unless shaped like :func:`_key`'s."""
+    if (not isinstance(raw, list) or len(raw) != 8 or not isinstance(raw[0], str)
+            or not isinstance(raw[7], str)
+            or not all(type(v) is int for v in raw[1:7])):
+        raise ValueError(f"malformed key {raw!r}")
+    return tuple(raw)
 
 
 def _usable(choice: Choice, key: tuple) -> bool:
@@ -325,7 +377,8 @@ def _usable(choice: Choice, key: tuple) -> bool:
     kern = kernels.get(choice.kernel)
     if kern is None or not kern.available or key[0] not in kern.dtypes:
         return False
-    if tuple(key[5:]) != kern.layout or not 1 <= choice.threads <= key[4]:
+    if tuple(key[5:7]) != kern.layout or type(choice.threads) is not int \
+            or not 1 <= choice.threads <= key[4]:
         return False
     try:
         choice.blocking.check(kern.kind)
@@ -463,8 +516,10 @@ def _thread_counts(threads: int) -> list:
     return sorted(counts, reverse=True)
 
 
-def _kernels(dtype: str, layout: tuple) -> list:
-    return [k for k in dispatch.REGISTRY if k.available and dtype in k.dtypes
+def _kernels(dtype: str, layout: tuple, isa: str) -> list:
+    """The candidate kernels: those of the static choice's ISA level (whose
+    kernels give a row the same bits) that read ``layout``."""
+    return [k for k in dispatch.REGISTRY if k.available and dtype in k.dtypes and k.isa == isa
             and k.layout == tuple(layout) and k.kind != "unpacked"]
 
 
@@ -478,7 +533,7 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     search.warm_up(static)
     search.time(static)
     if exhaustive:
-        for kern in _kernels(dtype, layout):
+        for kern in _kernels(dtype, layout, static_kern.isa):
             dims = [_blockings(kern, kern.blocking, d) or [kern.blocking]
                     for d in ("split", "chunk_bytes", "rows", "k_block")]
             for split, chunk, rows, kb in itertools.product(*dims):
@@ -487,7 +542,7 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
                 search.improve(_Candidate(kern, blocking, t) for t in _thread_counts(threads))
     else:
         search.improve(_Candidate(kern, kern.blocking, threads)
-                       for kern in _kernels(dtype, layout))
+                       for kern in _kernels(dtype, layout, static_kern.isa))
         if search.best is not None:
             best = search.best
             search.improve(replace(best, threads=t) for t in _thread_counts(threads))
@@ -501,8 +556,8 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     best, (seconds, static_seconds) = search.best, (search.best_seconds,) * 2
     if best != static:
         seconds, static_seconds = search.side_by_side(best, static)
-        if seconds >= static_seconds:
-            best, seconds = static, static_seconds
+        if seconds >= static_seconds and math.isfinite(search.seen[static]):
+            best, seconds = static, static_seconds  # only a verified static choice
     return Choice(kernel=best.kernel.name, blocking=best.blocking, threads=best.threads,
                   seconds=seconds, static_seconds=static_seconds,
                   static_kernel=static_kern.name, candidates=search.timed,
@@ -568,7 +623,8 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     dtypes : iterable of str
         Activation dtypes.
     threads : iterable of int, optional
-        Thread counts; default: this process's (OpenMP's) count.
+        Thread counts, each capped as a call's is (at the processors);
+        default: this process's (OpenMP's) count.
     exhaustive : bool
         Time the whole product of candidates instead of the search, for
         comparison; the result is not stored.
@@ -580,9 +636,9 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     list of (key, Choice)
         ``key`` is ``(dtype, M, N, K, threads)``.
     """
-    if threads is None:
-        threads = [_cpu.threads_for_call(0)]
-    jobs = [(dtype_name(DTYPES[d]), m, n, k, t)
+    # the counts calls will ask with: capped at the processors, as calls are
+    threads = [_cpu.threads_for_call(int(t)) for t in (threads or [0])]
+    jobs = [(dtype_name(DTYPES[d]), int(m), int(n), int(k), t)
             for (m, n, k), d, t in itertools.product(shapes, dtypes, threads)]
     bar = None
     if progress:
