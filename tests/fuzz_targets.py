@@ -472,8 +472,10 @@ def fuzz_woq_linear(data: bytes):
             raise Finding("a second call gave different bits")
 
 
-CLI_WORDS = ("info", "bench", "tune", "--quick", "--threads", "--json", "--plot", "--torch",
-             "-h", "--help", "1,2", "2,0",
+CLI_WORDS = ("info", "bench", "tune", "tunes", "--quick", "--threads", "--json", "--plot",
+             "--torch", "-h", "--help", "1,2", "2,0", "--shapes", "4096x4096", "64x0", "8x8x8",
+             "x", "--m", "--dtypes", "bfloat16", "float32,float16", "float64", ",",
+             "--exhaustive",
              "--", "-", "=", "0", "1", "-1", "64", "1e3", "0x10", " 7", "\x00", "\u00e9",
              "/", ".", "..", "/nonexistent/dir/f.json", "out.json", "--threads=2",
              "--json=/", "--qui", "--thr", "\udcff")
@@ -501,15 +503,34 @@ def check_cli_args(argv: list):
         raise Finding(f"argv {argv!r}: exit {e.code!r} without a usage message") from e
     if args.command == "info":
         return
-    if args.command != "bench":
+    if args.command not in ("bench", "tune"):
         raise Finding(f"argv {argv!r}: unknown command {args.command!r} accepted")
     counts = args.threads if isinstance(args.threads, list) else [args.threads]
     if args.threads is not None and not all(isinstance(t, int) and t >= 1 for t in counts):
         raise Finding(f"argv {argv!r}: --threads {args.threads!r} accepted")
+    if args.command == "tune":
+        _check_tune_args(argv, args)
+        return
     path = args.json
     if path is not None and (os.path.isdir(path)
                              or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
         raise Finding(f"argv {argv!r}: --json {path!r} accepted")
+
+
+def _check_tune_args(argv: list, args) -> None:
+    """``tune``'s options hold what they promise: (N, K) pairs, M counts and
+    dtypes qkern accepts."""
+    def positive(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    if not (args.shapes and all(len(s) == 2 and all(map(positive, s)) for s in args.shapes)):
+        raise Finding(f"argv {argv!r}: --shapes {args.shapes!r} accepted")
+    if not (args.m and all(map(positive, args.m))):
+        raise Finding(f"argv {argv!r}: --m {args.m!r} accepted")
+    if not (args.dtypes and set(args.dtypes) <= {"bfloat16", "float16", "float32"}):
+        raise Finding(f"argv {argv!r}: --dtypes {args.dtypes!r} accepted")
+    if not isinstance(args.exhaustive, bool):
+        raise Finding(f"argv {argv!r}: --exhaustive {args.exhaustive!r}")
 
 
 def fuzz_qconv2d(data: bytes):

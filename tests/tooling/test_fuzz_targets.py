@@ -109,3 +109,18 @@ def test_control_cli_accepting_a_bad_thread_count_is_a_finding(monkeypatch):
     monkeypatch.setattr(fuzz_targets, "build_parser", lax_parser)
     with pytest.raises(Finding, match="--threads 0 accepted"):
         check_cli_args(["bench", "--threads", "0"])
+
+
+def test_control_cli_accepting_a_bad_tune_shape_is_a_finding(monkeypatch):
+    check_cli_args(["tune", "--shapes", "64x8", "--m", "1,3", "--dtypes", "float32"])
+    check_cli_args(["tune", "--shapes", "64x0"])  # a usage error: passes
+
+    def lax_parser():
+        parser = build_parser()
+        tune = parser._subparsers._group_actions[0].choices["tune"]
+        next(a for a in tune._actions if a.dest == "shapes").type = \
+            lambda text: tuple(int(v) for v in text.split("x"))
+        return parser
+    monkeypatch.setattr(fuzz_targets, "build_parser", lax_parser)
+    with pytest.raises(Finding, match="--shapes .* accepted"):
+        check_cli_args(["tune", "--shapes", "64x0"])
