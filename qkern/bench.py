@@ -31,7 +31,7 @@ import numpy as np
 
 import qkern
 from qkern import roofline
-from qkern._dtypes import bfloat16
+from qkern._dtypes import DTYPES
 from qkern.dispatch import CPU_ISA, ISA_CAP
 from qkern.timing import WARMUP, Timing, time_call
 
@@ -41,8 +41,6 @@ __all__ = ["DTYPES", "TIME_COLUMNS", "all_cores", "thread_counts", "random_probl
 
 REFERENCE = "f32_gemm_4x16c1__ref"
 
-DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16),
-          "float32": np.dtype(np.float32)}
 
 _KERNELS_MS = (1, 64)
 _KERNELS_NK = {True: 2048, False: 4096}

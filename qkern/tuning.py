@@ -373,9 +373,11 @@ def _checked_key(raw) -> tuple:
 
 def _usable(choice: Choice, key: tuple) -> bool:
     """Whether a stored choice may run here for ``key``."""
-    kernels = {kern.name: kern for kern in dispatch.REGISTRY}
-    kern = kernels.get(choice.kernel)
-    if kern is None or not kern.available or key[0] not in kern.dtypes:
+    try:
+        kern = dispatch.get_kernel(choice.kernel)  # unknown, or above the ISA cap: ValueError
+    except ValueError:
+        return False
+    if key[0] not in kern.dtypes:
         return False
     if tuple(key[5:7]) != kern.layout or type(choice.threads) is not int \
             or not 1 <= choice.threads <= key[4]:
