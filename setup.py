@@ -46,7 +46,7 @@ ISA_LIBRARIES = [
         "__m256 v = _mm256_fmadd_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(2.f), "
         "_mm256_setzero_ps()); (void)v;",
         ["src/woq/f32-gemm-x16c1-avx2.c", "src/woq/f32-gemv-x1c0-avx2.c",
-         "src/woq/convert-x-avx2.c",
+         "src/woq/f32-qb4w-gemm-x32c1-avx2.c", "src/woq/convert-x-avx2.c",
          "src/roofline/peak-vfmadd231ps-avx2.c"],
     ),
     (
@@ -84,6 +84,8 @@ BASE_SOURCES = [
     "src/woq/woq_driver.c",
     "src/woq/woq_registry.c",
     "src/woq/f32-gemm-ref.c",
+    "src/woq/f32-qb4w-gemm-ref.c",
+    "src/woq/convert-x-ref.c",
     "src/roofline/roofline.c",
 ]
 

@@ -1,5 +1,5 @@
 # Declarations of the C contract (include/qkern/*.h) used by the Cython layer.
-from libc.stdint cimport int8_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
 cdef extern from "qkern/cpu.h":
@@ -57,6 +57,9 @@ cdef extern from "qkern/woq.h":
     ctypedef void (*qk_woq_widen_fn)(const int8_t*, size_t, size_t, void*) noexcept nogil
     ctypedef void (*qk_woq_pack_x_fn)(const void*, qk_dtype, size_t, void*, size_t) noexcept nogil
     ctypedef void (*qk_woq_convert_x_fn)(const void*, qk_dtype, size_t, float*) noexcept nogil
+    ctypedef void (*qk_woq_int4_ukernel_fn)(size_t, size_t, size_t, size_t, const float* const*,
+                                            qk_dtype, const uint8_t*, const void*, size_t,
+                                            const float*, void*, Py_ssize_t) noexcept nogil
 
     ctypedef enum qk_woq_kind:
         QK_WOQ_PANELS
@@ -65,6 +68,7 @@ cdef extern from "qkern/woq.h":
 
     ctypedef enum qk_woq_format:
         QK_WOQ_INT8_PER_CHANNEL
+        QK_WOQ_INT4_GROUPWISE
 
     enum:
         QK_TRAIT_FLUSHES_SUBNORMALS
@@ -94,6 +98,7 @@ cdef extern from "qkern/woq.h":
         qk_woq_widen_fn widen
         qk_woq_pack_x_fn pack_x
         qk_woq_convert_x_fn convert_x
+        qk_woq_int4_ukernel_fn int4_fn
 
     const qk_woq_kernel qk_woq_kernels[]
     const size_t qk_woq_num_kernels
@@ -103,6 +108,16 @@ cdef extern from "qkern/woq.h":
                      uint32_t kr, int8_t* out) nogil
     void qk_woq_unpack(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,
                        int8_t* w, size_t ldw) nogil
+    void qk_woq_group_sums(const float* row, size_t kc, size_t group_size, float* sums) nogil
+    size_t qk_woq_int4_packed_size(size_t n, size_t k) nogil
+    void qk_woq_int4_pack(const uint8_t* q, size_t ldq, size_t n, size_t k, uint8_t* out) nogil
+    void qk_woq_int4_unpack(const uint8_t* packed, size_t n, size_t k, uint8_t* q,
+                            size_t ldq) nogil
+    int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                         size_t n, size_t k, size_t group_size, qk_dtype dt, const char* x,
+                         int64_t x_stride, const int64_t* x_offsets, const uint8_t* packed,
+                         const void* sz, const float* bias, char* y, int64_t y_stride,
+                         int num_threads) nogil
     int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
                     size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
                     const int64_t* x_offsets, const int8_t* packed, const float* scale,

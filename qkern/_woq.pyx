@@ -4,11 +4,15 @@ No policy lives here: arguments arrive validated by :mod:`qkern.woq`;
 this module turns arrays into pointers, releases the GIL and calls C.
 """
 cimport numpy as cnp
-from libc.stdint cimport int8_t, int64_t, uint32_t
+from libc.stdint cimport int8_t, int64_t, uint8_t, uint32_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBNORMALS,
-                          QK_TRAIT_SPLITS_X, QK_WOQ_INT8_PER_CHANNEL, QK_WOQ_KBLOCK,
-                          QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype, qk_woq_blocking, qk_woq_gemm,
+                          QK_TRAIT_SPLITS_X, QK_WOQ_INT4_GROUPWISE, QK_WOQ_INT8_PER_CHANNEL,
+                          QK_WOQ_KBLOCK, QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype,
+                          qk_woq_blocking, qk_woq_gemm, qk_woq_gemm_int4, qk_woq_group_sums,
+                          qk_woq_int4_pack, qk_woq_int4_packed_size, qk_woq_int4_unpack,
                           qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
                           qk_woq_packed_size, qk_woq_unpack, qk_fpenv, qk_fpenv_enter,
                           qk_fpenv_leave)
@@ -17,7 +21,7 @@ cnp.import_array()
 
 
 _KINDS = {QK_WOQ_PANELS: "panels", QK_WOQ_UNPACKED: "unpacked", QK_WOQ_KBLOCK: "kblock"}
-_FORMATS = {QK_WOQ_INT8_PER_CHANNEL: "int8_per_channel"}
+_FORMATS = {QK_WOQ_INT8_PER_CHANNEL: "int8_per_channel", QK_WOQ_INT4_GROUPWISE: "int4_groupwise"}
 
 
 def registry():
@@ -112,37 +116,124 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     ``(rows, chunk_bytes, k_block, min_macs_per_thread, split)``
     (include/qkern/woq.h; split 0 = QK_WOQ_SPLIT_M, 1 = QK_WOQ_SPLIT_N) or None for the kernel's default; ValueError if the driver refuses it.
     """
-    if index >= qk_woq_num_kernels:
-        raise IndexError("no such kernel")
-    cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
+    cdef const qk_woq_kernel* kern = _kernel(index, 0)
     _check_dtype(kern, dtype)
     _check_holds("packed weight", packed.shape[0], qk_woq_packed_size(n, k, kern.nr, kern.kr))
     _check_vectors(kern, n, scale, bias)
     cdef const float* bp = &bias[0] if bias is not None else NULL
-    cdef const int64_t* offs = NULL
-    if x_offsets is not None:
-        _check_holds("x_offsets", x_offsets.shape[0], m)
-        offs = &x_offsets[0]
+    cdef const int64_t* offs = _offsets(x_offsets, m)
     cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
     cdef const float* sp = &scale[0]
     cdef const int8_t* wp = &packed[0]
     cdef char* yp = <char*>cnp.PyArray_DATA(y)
     cdef qk_woq_blocking b
-    cdef const qk_woq_blocking* bptr = NULL
-    if blocking is not None:
-        b.rows, b.chunk_bytes, b.k_block, b.min_macs_per_thread, b.split = blocking
-        bptr = &b
+    cdef const qk_woq_blocking* bptr = _blocking(blocking, &b)
     cdef int status
     with nogil:
         status = qk_woq_gemm(kern, bptr, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
                              yp, y_stride, num_threads)
+    _check_status("qk_woq_gemm", kern, status, blocking)
+
+
+cdef const int64_t* _offsets(const int64_t[::1] x_offsets, size_t m) except? NULL:
+    """The row offsets of x (NULL for None), checked to hold ``m`` rows."""
+    if x_offsets is None:
+        return NULL
+    _check_holds("x_offsets", x_offsets.shape[0], m)
+    return &x_offsets[0]
+
+
+cdef const qk_woq_blocking* _blocking(tuple blocking, qk_woq_blocking* b) except? NULL:
+    """``b`` filled from the tuple (see :func:`gemm`), or NULL for None."""
+    if blocking is None:
+        return NULL
+    b.rows, b.chunk_bytes, b.k_block, b.min_macs_per_thread, b.split = blocking
+    return b
+
+
+cdef _check_status(str entry, const qk_woq_kernel* kern, int status, tuple blocking):
+    name = kern.name.decode()
     if status == QK_ERR_NOMEM:
-        raise MemoryError(f"qk_woq_gemm({kern.name.decode()}): no memory for its buffers")
+        raise MemoryError(f"{entry}({name}): no memory for its buffers")
     if status == QK_ERR_ARG:
-        raise ValueError(f"qk_woq_gemm({kern.name.decode()}) refused the kernel, dtype or "
+        raise ValueError(f"{entry}({name}) refused the kernel, dtype, group size or "
                          f"blocking {blocking}")
     if status != QK_OK:
-        raise RuntimeError(f"qk_woq_gemm({kern.name.decode()}) failed with status {status}")
+        raise RuntimeError(f"{entry}({name}) failed with status {status}")
+
+
+cdef const qk_woq_kernel* _kernel(size_t index, int int4) except NULL:
+    if index >= qk_woq_num_kernels:
+        raise IndexError("no such kernel")
+    cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
+    if (kern.format == QK_WOQ_INT4_GROUPWISE) != bool(int4):
+        raise ValueError(f"{kern.name.decode()}: reads weights of format "
+                         f"{_FORMATS[kern.format]}")
+    return kern
+
+
+def int4_packed_size(size_t n, size_t k):
+    """Bytes of an (n, k) int4 weight in the packed int4 layout (SIZE_MAX: too many)."""
+    return qk_woq_int4_packed_size(n, k)
+
+
+def pack_int4(const uint8_t[:, ::1] q, uint8_t[::1] out):
+    """Pack a C-contiguous (N, K) array of values 0..15 into ``out``
+    (int4_packed_size bytes; only each byte's low nibble is read)."""
+    cdef size_t n = q.shape[0], k = q.shape[1]
+    if <size_t>out.shape[0] != qk_woq_int4_packed_size(n, k):
+        raise ValueError("packed buffer has the wrong size")
+    if out.shape[0] == 0:
+        return
+    with nogil:
+        qk_woq_int4_pack(&q[0, 0], k, n, k, &out[0])
+
+
+def unpack_int4(const uint8_t[::1] packed, uint8_t[:, ::1] out):
+    """Unpack ``packed`` into the C-contiguous (N, K) ``out`` (values 0..15)."""
+    cdef size_t n = out.shape[0], k = out.shape[1]
+    if <size_t>packed.shape[0] != qk_woq_int4_packed_size(n, k):
+        raise ValueError("packed buffer has the wrong size")
+    if n * k == 0:
+        return
+    with nogil:
+        qk_woq_int4_unpack(&packed[0], n, k, &out[0, 0], k)
+
+
+def gemm_int4(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, size_t group_size,
+              int dtype, int64_t x_stride, const int64_t[::1] x_offsets,
+              const uint8_t[::1] packed, cnp.ndarray sz, const float[::1] bias, cnp.ndarray y,
+              int64_t y_stride, int num_threads, tuple blocking):
+    """Run int4 registry kernel ``index`` over the whole problem, as
+    :func:`gemm` does, on ``packed`` (the packed int4 layout) with ``sz``,
+    the C-contiguous ``(k / group_size, n, 2)`` scales_and_zeros of dtype
+    code ``dtype``; ``bias`` f32 padded to a multiple of 32, or None.
+    ValueError if an array is short or the driver refuses the call.
+    """
+    cdef const qk_woq_kernel* kern = _kernel(index, 1)
+    _check_dtype(kern, dtype)
+    if group_size == 0 or k % group_size:
+        raise ValueError(f"group_size {group_size} does not divide K = {k}")
+    _check_holds("packed weight", packed.shape[0], qk_woq_int4_packed_size(n, k))
+    if (not sz.flags.c_contiguous or sz.itemsize != (4 if dtype == 0 else 2)
+            or <size_t>sz.size < k // group_size * n * 2):
+        raise ValueError("scales_and_zeros: expected C-contiguous (K / group_size, N, 2) "
+                         "values of x's dtype")
+    if bias is not None:
+        _check_holds("bias", bias.shape[0], (n + 31) // 32 * 32)
+    cdef const float* bp = &bias[0] if bias is not None else NULL
+    cdef const int64_t* offs = _offsets(x_offsets, m)
+    cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
+    cdef const uint8_t* wp = &packed[0] if packed.shape[0] else NULL
+    cdef const void* szp = cnp.PyArray_DATA(sz)
+    cdef char* yp = <char*>cnp.PyArray_DATA(y)
+    cdef qk_woq_blocking b
+    cdef const qk_woq_blocking* bptr = _blocking(blocking, &b)
+    cdef int status
+    with nogil:
+        status = qk_woq_gemm_int4(kern, bptr, m, n, k, group_size, <qk_dtype>dtype, xp,
+                                  x_stride, offs, wp, szp, bp, yp, y_stride, num_threads)
+    _check_status("qk_woq_gemm_int4", kern, status, blocking)
 
 
 def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dtype,
@@ -161,9 +252,7 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     (ValueError): it runs through :func:`gemm`, whose blockings cut its
     calls.
     """
-    if index >= qk_woq_num_kernels:
-        raise IndexError("no such kernel")
-    cdef const qk_woq_kernel* kern = &qk_woq_kernels[index]
+    cdef const qk_woq_kernel* kern = _kernel(index, 0)
     name = kern.name.decode()
     if kern.fn == NULL or kern.widen != NULL:
         raise ValueError(f"{name}: no single-call micro-kernel on packed panels; use gemm")
@@ -194,3 +283,60 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
         saved = qk_fpenv_enter()
         kern.fn(mr, nc, kc, rows, <qk_dtype>dtype, &panels[0], &scale[0], bp, cp, c_stride)
         qk_fpenv_leave(saved)
+
+
+def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_size,
+                 const float[:, ::1] x, int dtype, const uint8_t[::1] panels, cnp.ndarray sz,
+                 const float[::1] bias, cnp.ndarray c, int64_t c_stride):
+    """Call the micro-kernel of int4 registry entry ``index`` once, as the
+    driver would: rows 0 .. mr-1 of the f32 ``x`` (with group sums computed
+    here, as the driver computes them) times ``nc`` columns of whole packed
+    int4 ``panels``, with ``sz`` (C-contiguous ``(kc / group_size, nc, 2)``,
+    dtype code ``dtype``, also ``c``'s) into ``c`` (rows ``c_stride`` bytes
+    apart), under the kernels' floating-point environment.  ValueError for
+    a short array, ``mr`` outside 1..MR, ``nc`` = 0 or a group size the
+    kernel does not take; ``c`` is not checked.
+    """
+    cdef const qk_woq_kernel* kern = _kernel(index, 1)
+    name = kern.name.decode()
+    if not 1 <= mr <= min(kern.mr, 32):
+        raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr}, got mr = {mr}")
+    if nc == 0:
+        raise ValueError(f"{name}: expected nc >= 1 columns, got nc = 0")
+    if group_size == 0 or kc % group_size or group_size % kern.group_size:
+        raise ValueError(f"{name}: group size {group_size} does not divide kc = {kc} "
+                         f"or is not a multiple of {kern.group_size}")
+    _check_dtype(kern, dtype)
+    if <size_t>x.shape[0] < mr or <size_t>x.shape[1] < kc:
+        raise ValueError(f"x: expected {mr} rows of {kc} f32 values")
+    _check_holds("panels", panels.shape[0], qk_woq_int4_packed_size(nc, kc))
+    if (not sz.flags.c_contiguous or sz.itemsize != (4 if dtype == 0 else 2)
+            or <size_t>sz.size < kc // group_size * nc * 2):
+        raise ValueError("sz: expected C-contiguous (kc / group_size, nc, 2) values of dtype")
+    if bias is not None:
+        _check_holds("bias", bias.shape[0], (nc + 31) // 32 * 32)
+    cdef const float* bp = &bias[0] if bias is not None else NULL
+    cdef size_t row_floats = kc + kc // group_size, i
+    cdef float* rows_f32 = <float*>malloc((mr * row_floats + 1) * sizeof(float))
+    if rows_f32 == NULL:
+        raise MemoryError()
+    cdef const float* rows[32]
+    cdef void* cp = cnp.PyArray_DATA(c)
+    cdef const void* szp = cnp.PyArray_DATA(sz)
+    cdef size_t sz_stride = nc * 2 * sz.itemsize
+    cdef const uint8_t* wp = &panels[0] if panels.shape[0] else NULL
+    cdef qk_fpenv saved
+    try:
+        with nogil:
+            saved = qk_fpenv_enter()
+            for i in range(mr):
+                if kc:
+                    memcpy(rows_f32 + i * row_floats, &x[i, 0], kc * sizeof(float))
+                qk_woq_group_sums(rows_f32 + i * row_floats, kc, group_size,
+                                  rows_f32 + i * row_floats + kc)
+                rows[i] = rows_f32 + i * row_floats
+            kern.int4_fn(mr, nc, kc, group_size, rows, <qk_dtype>dtype, wp, szp, sz_stride, bp,
+                         cp, c_stride)
+            qk_fpenv_leave(saved)
+    finally:
+        free(rows_f32)

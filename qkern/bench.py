@@ -32,14 +32,18 @@ import numpy as np
 import qkern
 from qkern import roofline
 from qkern._dtypes import DTYPES
-from qkern.dispatch import CPU_ISA, ISA_CAP
+from qkern.dispatch import CPU_ISA, INT4, INT8, ISA_CAP
 from qkern.timing import WARMUP, Timing, time_call
 
 __all__ = ["DTYPES", "TIME_COLUMNS", "all_cores", "thread_counts", "random_problem",
-           "result_row", "format_table", "print_table", "kernels_table", "roofline_lines",
-           "header", "report", "write_json", "closing_line", "run"]
+           "int4_group_size", "random_int4_layer", "layer_weight_bytes", "result_row",
+           "format_table", "print_table", "kernels_table", "roofline_lines", "header", "report",
+           "write_json", "closing_line", "run"]
 
-REFERENCE = "f32_gemm_4x16c1__ref"
+# The reference kernel each weight format's kernels are measured against.
+REFERENCES = {INT8: "f32_gemm_4x16c1__ref", INT4: "f32_qb4w_gemm_4x32c1__ref"}
+# k per scale of the int4 rows (the usual choice for LLM weights)
+INT4_GROUP_SIZE = 128
 
 
 _KERNELS_MS = (1, 64)
@@ -191,8 +195,34 @@ KERNELS_COLUMNS = [("kernel", "name", "{}"), ("isa", "isa", "{}"), ("dtype", "dt
                    ("M", "M", "{}")] + TIME_COLUMNS + [("x ref", "speedup_vs_ref", "{:.1f}")]
 
 
+def int4_group_size(k: int) -> int:
+    """The group size of the benchmarks' int4 problems with ``k`` (a multiple
+    of 32) inputs: :data:`INT4_GROUP_SIZE`, or 32 where that does not divide ``k``."""
+    return INT4_GROUP_SIZE if k % INT4_GROUP_SIZE == 0 else 32
+
+
+def random_int4_layer(rng, n: int, k: int, dtype, kernel: str | None = None):
+    """A :class:`qkern.Int4Linear` of random 4-bit values, scales in [0.001,
+    0.01] and zeros in [-0.01, 0.01], groups of :func:`int4_group_size`."""
+    group_size = int4_group_size(k)
+    q = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    groups = k // group_size
+    sz = np.stack([rng.uniform(0.001, 0.01, (groups, n)), rng.uniform(-0.01, 0.01, (groups, n))],
+                  axis=-1).astype(dtype)
+    return qkern.Int4Linear(qkern.pack_int4(q), group_size, sz, kernel=kernel)
+
+
+def layer_weight_bytes(layer) -> int:
+    """Bytes of weight a call of ``layer`` reads: the packed weight, and
+    for int4 its scales and zeros."""
+    if isinstance(layer, qkern.Int4Linear):
+        return layer.packed_weight.nbytes + layer.scales_and_zeros.nbytes
+    return layer.packed_weight.nbytes
+
+
 def kernels_table(threads: int, quick: bool) -> list:
-    """Time every available registry kernel against the reference kernel.
+    """Time every available registry kernel against its weight format's
+    reference kernel (:data:`REFERENCES`).
 
     Parameters
     ----------
@@ -205,28 +235,32 @@ def kernels_table(threads: int, quick: bool) -> list:
     -------
     list of dict
         One row per (kernel, dtype, M), with ``speedup_vs_ref`` (reference
-        median / kernel median, same dtype and M).
+        median / kernel median, same weight format, dtype and M).
     """
     n = k = _KERNELS_NK[quick]
     rng = np.random.default_rng(0)
     rows = []
-    for dtype_name in ("bfloat16", "float32"):
-        x_max, w, scales = random_problem(rng, max(_KERNELS_MS), n, k, DTYPES[dtype_name])
-        kernels = [kern for kern in qkern.kernels()
-                   if kern.available and dtype_name in kern.dtypes]
-        kernels.sort(key=lambda kern: kern.name != REFERENCE)
-        ref_median = {}
-        for kern in kernels:
-            layer = qkern.WoqLinear(w, scales, kernel=kern.name)
-            for m in _KERNELS_MS:
-                x = x_max[:m]
-                t = time_call(lambda: layer(x, num_threads=threads))
-                if kern.name == REFERENCE:
-                    ref_median[m] = t.median
-                rows.append(result_row("kernels", kern.name, dtype_name, m, n, k, t,
-                                       layer.packed_weight.nbytes,
-                                       isa=kern.isa, threads=threads,
-                                       speedup_vs_ref=ref_median[m] / t.median))
+    for weight_format, reference in REFERENCES.items():
+        for dtype_name in ("bfloat16", "float32"):
+            dtype = DTYPES[dtype_name]
+            x_max, w, scales = random_problem(rng, max(_KERNELS_MS), n, k, dtype)
+            kernels = [kern for kern in qkern.kernels()
+                       if kern.available and dtype_name in kern.dtypes
+                       and kern.weight_format == weight_format]
+            kernels.sort(key=lambda kern: kern.name != reference)
+            ref_median = {}
+            for kern in kernels:
+                layer = (qkern.WoqLinear(w, scales, kernel=kern.name) if weight_format == INT8
+                         else random_int4_layer(rng, n, k, dtype, kern.name))
+                for m in _KERNELS_MS:
+                    x = x_max[:m]
+                    t = time_call(lambda: layer(x, num_threads=threads))
+                    if kern.name == reference:
+                        ref_median[m] = t.median
+                    rows.append(result_row("kernels", kern.name, dtype_name, m, n, k, t,
+                                           layer_weight_bytes(layer), isa=kern.isa,
+                                           threads=threads,
+                                           speedup_vs_ref=ref_median[m] / t.median))
     return rows
 
 
@@ -305,8 +339,10 @@ def report(threads: list, quick: bool, notes=()) -> tuple:
     roof = roofline.measure(tuple(threads))
     print(header(threads, quick, roof, notes), end="\n\n", flush=True)
     rows = kernels_table(threads[-1], quick)
-    print_table(f"Table 1 - kernels, {threads[-1]} thread(s) "
-                f"(speedup vs {REFERENCE}, same dtype and M)", KERNELS_COLUMNS, rows)
+    print_table(f"Table 1 - kernels, {threads[-1]} thread(s) (speedup vs the reference "
+                f"kernel of the same weight format, dtype and M: "
+                f"{', '.join(REFERENCES.values())}; int4 in groups of {INT4_GROUP_SIZE})",
+                KERNELS_COLUMNS, rows)
     return roof, rows
 
 

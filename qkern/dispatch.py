@@ -27,6 +27,10 @@ PASS_OVERHEAD_ROWS = 2
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
 
+# Kernel.weight_format values (qk_woq_format, include/qkern/woq.h).
+INT8 = "int8_per_channel"
+INT4 = "int4_groupwise"
+
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
     "ref": (),
@@ -191,9 +195,12 @@ class Kernel:
     dtypes : tuple of str
         Activation dtypes the kernel accepts.
     weight_format : str
-        How the weight is stored and scaled: ``"int8_per_channel"``.
+        How the weight is stored and scaled: ``"int8_per_channel"`` (int8,
+        a scale per output column) or ``"int4_groupwise"`` (4-bit, a scale
+        and a zero per group of k and column; :mod:`qkern.woq_int4`).
     group_size : int
-        k values per scale; 0 for one scale per output column.
+        0 for one scale per output column; for ``int4_groupwise``, the
+        group sizes it takes are the multiples of this.
     flushes_subnormals : bool
         Whether its products are summed by ``vdpbf16ps`` or ``tdpbf16ps``,
         which flush subnormal inputs and sums whatever MXCSR says (the error
@@ -304,13 +311,14 @@ def get_kernel(name: str) -> Kernel:
 
 
 def choose_layout(dtype) -> tuple:
-    """The packed layout ``(nr, kr)`` of the best kernels for ``dtype`` here."""
+    """The packed int8 layout ``(nr, kr)`` of the best kernels for ``dtype`` here."""
     return choose_kernel(dtype, 1).layout
 
 
 def choose_kernel(dtype, m: int, layout: tuple | None = None,
-                  unpacked_ok: bool = False) -> Kernel:
-    """Pick the kernel for an (m x K) @ (K x N) problem in ``dtype``.
+                  unpacked_ok: bool = False, weight_format: str = INT8) -> Kernel:
+    """Pick the kernel for an (m x K) @ (K x N) problem in ``dtype`` on
+    weights of ``weight_format``.
 
     With ``unpacked_ok`` (the caller holds only the row-major weight), a
     SIMD kernel on the unpacked weight (layout ``(1, 0)``) wins when ``m``
@@ -326,7 +334,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     ``ceil(m / MR) * (MR + PASS_OVERHEAD_ROWS)`` (the narrower on a tie).
     """
     name = dtype_name(dtype)
-    usable = [k for k in REGISTRY if k.available and name in k.dtypes]
+    usable = [k for k in REGISTRY
+              if k.available and name in k.dtypes and k.weight_format == weight_format]
     unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref" and m <= 2 * k.mr]
     if unpacked_ok and layout is None and unpacked:
         return _log(max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa)), name, m)

@@ -13,20 +13,21 @@ import numpy as np
 from qkern import _woq
 from qkern.dispatch import REGISTRY
 
-__all__ = ["PackedWeight", "check_int8_weight"]
+__all__ = ["PackedWeight", "aligned_empty", "check_int8_weight"]
 
 _ALIGN = 64
 FORMAT = "int8_per_channel"
 
 
-def _aligned_empty(nbytes: int) -> np.ndarray:
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised int8 array of ``nbytes`` bytes starting on a 64-byte boundary."""
     raw = np.empty(nbytes + _ALIGN, dtype=np.int8)
     start = (-raw.ctypes.data) % _ALIGN
     return raw[start:start + nbytes]
 
 
 def _check_layout(layout) -> tuple:
-    layouts = {k.layout for k in REGISTRY}
+    layouts = {k.layout for k in REGISTRY if k.weight_format == FORMAT}
     if not isinstance(layout, tuple) or tuple(layout) not in layouts:
         raise ValueError(f"layout: expected one of the registry's {sorted(layouts)}, "
                          f"got {layout!r}")
@@ -83,7 +84,7 @@ class PackedWeight:
         w = check_int8_weight(w)
         self._layout = _check_layout(layout)
         self._shape = w.shape
-        self._data = _aligned_empty(_woq.packed_size(*self.shape, *self.layout))
+        self._data = aligned_empty(_woq.packed_size(*self.shape, *self.layout))
         _woq.pack(w, *self.layout, self._data)
         self._data.flags.writeable = False
 
@@ -140,7 +141,7 @@ class PackedWeight:
             raise ValueError(f"PackedWeight state: {len(data)} bytes do not hold a {shape} "
                              f"weight in layout {layout}")
         self._shape, self._layout = shape, layout
-        self._data = _aligned_empty(len(data))
+        self._data = aligned_empty(len(data))
         self._data[:] = np.frombuffer(data, np.int8)
         self._data.flags.writeable = False
 

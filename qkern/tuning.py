@@ -521,8 +521,10 @@ def _thread_counts(threads: int) -> list:
 def _kernels(dtype: str, layout: tuple, isa: str) -> list:
     """The candidate kernels: those of the static choice's ISA level (whose
     kernels give a row the same bits) that read ``layout``."""
-    return [k for k in dispatch.REGISTRY if k.available and dtype in k.dtypes and k.isa == isa
-            and k.layout == tuple(layout) and k.kind != "unpacked"]
+    return [k for k in dispatch.REGISTRY
+            if k.available and dtype in k.dtypes and k.isa == isa
+            and k.weight_format == dispatch.INT8 and k.layout == tuple(layout)
+            and k.kind != "unpacked"]
 
 
 def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,

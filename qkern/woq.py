@@ -13,7 +13,15 @@ import numpy as np
 
 from qkern import _cpu, _woq, tuning
 from qkern._dtypes import dtype_code, dtype_name
-from qkern.dispatch import REGISTRY, Blocking, Kernel, choose_kernel, choose_layout, get_kernel
+from qkern.dispatch import (
+    INT8,
+    REGISTRY,
+    Blocking,
+    Kernel,
+    choose_kernel,
+    choose_layout,
+    get_kernel,
+)
 from qkern.packing import PackedWeight, check_int8_weight
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
@@ -116,8 +124,10 @@ _THREAD_NOTICES = {
 
 
 def _warn_thread_notices():
+    """Warn of what the last call's threads met, at the caller of the public
+    function (which calls a ``_run`` helper, which calls :func:`run_rows`)."""
     for notice in sorted(_cpu.take_thread_notice()):
-        warnings.warn(_THREAD_NOTICES[notice], RuntimeWarning, stacklevel=4)
+        warnings.warn(_THREAD_NOTICES[notice], RuntimeWarning, stacklevel=5)
 
 
 def _check_out(out, shape: tuple, dtype, inputs: tuple):
@@ -158,11 +168,26 @@ def _check_threads(num_threads) -> int:
 def _run(kern: Kernel, x, w_packed, w_layout: tuple, n: int, k: int, scale_f32, bias_f32, out,
          num_threads, inputs: tuple, blocking: Blocking | None = None):
     """Validate x/out against (n, k) and the weight's layout tag against
-    ``kern``, and run ``kern`` (cut as ``blocking`` says, or by its
-    default); returns the output array."""
+    ``kern``, and run int8 kernel ``kern`` (cut as ``blocking`` says, or by
+    its default); returns the output array."""
     if w_layout != kern.layout:
         raise ValueError(f"packed weight: layout {w_layout} is not the {kern.layout} that "
                          f"{kern.name} reads")
+
+    def launch(xs, rows, code, x_stride, offsets, y, y_stride, threads, cut):
+        _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, w_packed, scale_f32,
+                  bias_f32, y, y_stride, threads, cut)
+
+    return run_rows(kern, x, n, k, out, num_threads, inputs, blocking, launch)
+
+
+def run_rows(kern: Kernel, x, n: int, k: int, out, num_threads, inputs: tuple,
+             blocking: Blocking | None, launch):
+    """Validate x/out against (n, k), allocate the output, and run ``kern``
+    over x's rows in place (or over blocks of a copy, :func:`_x_copies`)
+    through ``launch(xs, rows, dtype code, x_stride, offsets, y, y_stride,
+    threads, blocking tuple)``, which calls the C entry; returns the output
+    array.  ``inputs``: ``(name, array)`` pairs ``out`` must not overlap."""
     x = _check_array("x", x)
     if x.ndim < 1:
         raise ValueError("x: expected shape (..., K), got a 0-d array")
@@ -186,8 +211,7 @@ def _run(kern: Kernel, x, w_packed, w_layout: tuple, n: int, k: int, scale_f32, 
         x_stride, offsets = _x_rows(xs)
         y_r0 = y if r0 == 0 else np.lib.stride_tricks.as_strided(y, (m, n),
                                                                  (y_stride, y.itemsize))[r0:]
-        _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, w_packed, scale_f32,
-                  bias_f32, y_r0, y_stride, threads, cut)
+        launch(xs, rows, code, x_stride, offsets, y_r0, y_stride, threads, cut)
         del xs  # a block copy is freed before the next is made
     _warn_thread_notices()
     return y
@@ -299,6 +323,9 @@ class WoqLinear:
         if bias is not None:
             bias = _check_vector("bias", bias, n, self.dtype)
         self._forced = get_kernel(kernel) if kernel is not None else None
+        if self._forced is not None and self._forced.weight_format != INT8:
+            raise ValueError(f"kernel {kernel!r} reads {self._forced.weight_format} weights, "
+                             "not int8 (qkern.Int4Linear runs the int4 kernels)")
         if self._forced is not None and dtype_name(self.dtype) not in self._forced.dtypes:
             raise ValueError(f"kernel {kernel!r} does not accept dtype {dtype_name(self.dtype)}")
         layout = self._forced.layout if self._forced else choose_layout(self.dtype)

@@ -43,10 +43,13 @@ def _no_runtime_peers_under_asan(monkeypatch):
                             lambda: {"openvino": None, "onnxruntime": None})
 
 
-def kernel_params():
-    """Every registry kernel, as pytest params; those above the ISA cap are skipped."""
+def kernel_params(weight_format: str = "int8_per_channel"):
+    """Every registry kernel on weights of ``weight_format``, as pytest
+    params; those above the ISA cap are skipped."""
     out = []
     for k in qkern.kernels():
+        if k.weight_format != weight_format:
+            continue
         marks = () if k.available else pytest.mark.skip(
             reason=f"{k.name} needs ISA {k.isa}, above this process's cap "
                    f"{qkern.dispatch.ISA_CAP} (CPU or QKERN_ISA)")

@@ -160,3 +160,65 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
             sign_ok = (np.sign(y64[inf]) == np.sign(ref_inf)) | (np.abs(ref_inf) <= tol_inf)
         assert reachable.all(), "inf where the exact result is far from overflow"
         assert sign_ok.all(), "inf of the wrong sign"
+
+
+# int4 groupwise (include/qkern/woq.h, docs/semantics.rst)
+# -------------------------------------------------------
+# With s, z the dtype-rounded scales and zeros as reals, z' = z - 8 s, G
+# groups of g k each, per output:
+#   y* = sum_grp (s * sum_k x_k q_k + z' * sum_k x_k) + b   (exactly).
+# The kernels compute, in fp32: p = the FMA chain of x_k * q_k over a group
+# (each step one rounding: |p - P| <= gamma_g * sum |x_k| q_k), xs = the sum
+# of x_k over the group (|xs - XS| <= gamma_g * sum |x_k|), z' rounded once
+# (relative u), then 2G FMAs acc = fma(p, s, acc), acc = fma(xs, z', acc),
+# each rounding once; then + b (one rounding) and the rounding to dtype.
+# Each term passes through at most g + 2G + 1 roundings, so
+#   |v - y*| <= gamma_{g + 2G + 2} * (T + |b|),
+#   T = sum_grp (|s| sum_k |x_k| q_k + |z'| sum_k |x_k|),
+# and the final rounding adds u_out |v| and half a subnormal, as for int8.
+
+
+def int4_dequantize(q, sz, group_size):
+    """W[n, k] = (q[n, k] - 8) * s[g, n] + z[g, n] in float64 (shape (N, K))."""
+    s = np.repeat(np.asarray(sz[..., 0]).astype(np.float64).T, group_size, axis=1)
+    z = np.repeat(np.asarray(sz[..., 1]).astype(np.float64).T, group_size, axis=1)
+    return (np.asarray(q).astype(np.float64) - 8) * s + z
+
+
+def int4_reference(x, q, sz, group_size, bias=None):
+    """Exact y* = x @ W.T + bias in float64 (shape (..., N))."""
+    y = np.asarray(x).astype(np.float64) @ int4_dequantize(q, sz, group_size).T
+    return y if bias is None else y + np.asarray(bias).astype(np.float64)
+
+
+def int4_bound(x, q, sz, group_size, bias, dtype):
+    """Elementwise bound on |y - y*| (the analysis above)."""
+    dtype = np.dtype(dtype)
+    x_abs = np.abs(np.asarray(x).astype(np.float64))
+    groups = np.asarray(sz).shape[0]
+    s = np.abs(np.asarray(sz[..., 0]).astype(np.float64))
+    zp = np.abs(np.asarray(sz[..., 1]).astype(np.float64) - 8 * np.asarray(sz[..., 0],
+                                                                           np.float64))
+    q64 = np.asarray(q).astype(np.float64)
+    big_t = (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T
+             + x_abs @ np.repeat(zp.T, group_size, axis=1).T)
+    steps = group_size + 2 * groups + 2
+    gamma = steps * U32 / (1 - steps * U32)
+    b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
+    e32 = gamma * (big_t + b)
+    y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))
+    return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
+
+
+def assert_int4_close(y, x, q, sz, group_size, bias=None):
+    """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*."""
+    dtype = np.dtype(np.asarray(x).dtype)
+    assert y.dtype == dtype, (y.dtype, dtype)
+    ref = int4_reference(x, q, sz, group_size, bias)
+    tol = int4_bound(x, q, sz, group_size, bias, dtype)
+    assert y.shape == ref.shape, (y.shape, ref.shape)
+    err = np.abs(y.astype(np.float64) - ref)
+    bad = ~(err <= tol)  # NaN fails
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} elements outside the bound; worst excess "
+        f"{np.nanmax(err - tol):.3g}")

@@ -120,8 +120,9 @@ typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, 
 typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* out,
                                  size_t chunk_stride);
 
-/* Converts one row of kc activations of dtype dt (f16 or bf16) to f32,
- * exactly, into out (for kernels that read x in f32 whatever its dtype). */
+/* Converts one row of kc activations of dtype dt (f16 or bf16; f32 too for
+ * an int4 kernel's) to f32, exactly, into out (for kernels that read x in
+ * f32 whatever its dtype). */
 typedef void (*qk_woq_convert_x_fn)(const void* row, qk_dtype dt, size_t kc, float* out);
 
 /* How the driver runs a kernel, and what it reads. */
@@ -134,8 +135,71 @@ typedef enum qk_woq_kind {
 
 /* How the weight's values are stored and scaled. */
 typedef enum qk_woq_format {
-  QK_WOQ_INT8_PER_CHANNEL = 0 /* int8, one scale per output column */
+  QK_WOQ_INT8_PER_CHANNEL = 0, /* int8, one scale per output column */
+  QK_WOQ_INT4_GROUPWISE = 1    /* 4-bit q in 0..15, a scale and a zero per
+                                  group of k and column (layout below) */
 } qk_woq_format;
+
+/*
+ * int4 groupwise weights (QK_WOQ_INT4_GROUPWISE):
+ *
+ *   y[m, n] = round_to_dtype( sum_k x[m, k] * ((q[n, k] - 8) * s[g, n] + z[g, n]) + bias[n] )
+ *
+ * with g = k / group_size, s and z from scales_and_zeros (K / group_size,
+ * N, 2) in the dtype of x: [g, n, 0] = s, [g, n, 1] = z.
+ *
+ * Packed int4 layout (one for every kernel and CPU): roundup(N, 32) / 32
+ * panels of 32 columns, K * 16 bytes each, panels back to back:
+ *
+ *   panel p (columns 32p .. 32p + 31):
+ *     for k in 0 .. K-1:            16 bytes per k
+ *       for j in 0 .. 15:
+ *         byte = q[32p + j, k] | q[32p + 16 + j, k] << 4     (0 beyond N)
+ *
+ *     k = 0:  [q0|q16] [q1|q17] ... [q15|q31]     (low nibble | high nibble)
+ *     k = 1:  [q0|q16] [q1|q17] ... [q15|q31]
+ *
+ *   so one 16-byte row widens to 32 columns with a zero-extension, an AND
+ *   (columns 0..15) and a shift (columns 16..31).
+ *
+ * Order of the sums (every int4 kernel, bit for bit): per group g, in
+ * increasing k, p = sum x[k] * q[k] (fp32 FMA chain from 0) and xs = sum
+ * x[k] (fp32 adds from 0, computed by the driver, qk_woq_group_sums);
+ * then, g by g, acc = fma(p, s, acc), acc = fma(xs, z', acc) from acc = 0,
+ * where z' = fma(-8, s, z) (f32, one rounding); y = acc + bias.
+ */
+
+/* A kernel on int4 groupwise panels (QK_WOQ_INT4_GROUPWISE) computes y for
+ * mr <= MR rows and nc columns, panel by panel (the last may be partial):
+ *
+ *   group_size  k per group (kc is a multiple of it, > 0)
+ *   a       mr row pointers, each to kc f32 values of x followed by their
+ *           kc / group_size group sums (qk_woq_group_sums)
+ *   dt      the dtype of y and of scales_and_zeros
+ *   w       packed int4 panels (layout above) from the first column
+ *   sz      scales_and_zeros at group 0, column 0 of this call: nc (s, z)
+ *           pairs of dtype dt per group, groups sz_stride bytes apart
+ *           (nothing beyond column nc is read)
+ *   bias    roundup(nc, NR) f32, or NULL;  c, c_stride as for qk_woq_ukernel_fn
+ */
+typedef void (*qk_woq_int4_ukernel_fn)(size_t mr, size_t nc, size_t kc, size_t group_size,
+                                       const float* const* a, qk_dtype dt, const uint8_t* w,
+                                       const void* sz, size_t sz_stride, const float* bias, void* c,
+                                       ptrdiff_t c_stride);
+
+/* Writes the kc / group_size sums of a row of kc f32 values to sums: each
+ * the fp32 sum of its group in increasing k, from 0. */
+void qk_woq_group_sums(const float* row, size_t kc, size_t group_size, float* sums);
+
+/* Bytes of the packed int4 weight for (N, K); SIZE_MAX if too many. */
+size_t qk_woq_int4_packed_size(size_t n, size_t k);
+
+/* Packs q (N x K uint8 values 0..15, rows ldq bytes apart; only the low
+ * nibble of each byte is read) into out (qk_woq_int4_packed_size bytes). */
+void qk_woq_int4_pack(const uint8_t* q, size_t ldq, size_t n, size_t k, uint8_t* out);
+
+/* The inverse of qk_woq_int4_pack(): q gets values 0..15. */
+void qk_woq_int4_unpack(const uint8_t* packed, size_t n, size_t k, uint8_t* q, size_t ldq);
 
 /* Numerical traits, bits of qk_woq_kernel.traits (docs/semantics.rst). */
 enum {
@@ -195,7 +259,8 @@ typedef struct qk_woq_kernel {
   uint32_t mr, nr, kr;
   uint32_t dtypes; /* bit (1 << qk_dtype) set for each x dtype accepted */
   qk_woq_format format;
-  uint32_t group_size;      /* k values per scale: 0 = all of K (per channel) */
+  uint32_t group_size;      /* 0: one scale per column (all of K); int4
+                               groupwise: the groups it takes are multiples */
   uint32_t traits;          /* QK_TRAIT_* bits */
   const char* bound_by;     /* the instruction whose peak bounds its compute:
                                a qk_peak_loops name (qkern/roofline.h) */
@@ -208,6 +273,9 @@ typedef struct qk_woq_kernel {
    * once per row block and thread, into a per-thread buffer */
   qk_woq_convert_x_fn convert_x;
   qk_woq_kblock_fn kblock; /* QK_WOQ_KBLOCK */
+  /* QK_WOQ_INT4_GROUPWISE (kind QK_WOQ_PANELS, nr = 32, kr = 1, with
+   * convert_x, which then also takes f32 rows) */
+  qk_woq_int4_ukernel_fn int4_fn;
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
@@ -258,6 +326,19 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
                 size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
                 const int8_t* packed, const float* scale, const float* bias, char* y,
                 int64_t y_stride, int num_threads);
+
+/*
+ * qk_woq_gemm() for an int4 groupwise kernel (format QK_WOQ_INT4_GROUPWISE):
+ * `packed` in the packed int4 layout, group_size > 0 dividing k, sz the
+ * (k / group_size, n, 2) scales_and_zeros in dtype dt, C-contiguous, bias
+ * roundup(n, 32) f32 or NULL.  The driver converts each row of x to f32
+ * with its group sums (per row block and thread) before the kernel reads
+ * it.  The same guarantees and return codes as qk_woq_gemm().
+ */
+int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
+                     size_t k, size_t group_size, qk_dtype dt, const char* x, int64_t x_stride,
+                     const int64_t* x_offsets, const uint8_t* packed, const void* sz,
+                     const float* bias, char* y, int64_t y_stride, int num_threads);
 
 #ifdef __cplusplus
 }

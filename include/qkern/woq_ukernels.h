@@ -36,6 +36,16 @@ QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
 QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
 
+/* Kernels on int4 groupwise weights (qk_woq_int4_ukernel_fn); compute
+ * "f32_qb4w": f32 FMAs over 4-bit blockwise-scaled weights. */
+#define QK_DECLARE_INT4_UKERNEL(NAME)                                                           \
+  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
+            qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
+            void* c, ptrdiff_t c_stride);
+
+QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref)
+QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2)
+
 /* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
@@ -43,6 +53,7 @@ void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, 
 void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);
 
 /* Activation conversion to f32 (qk_woq_convert_x_fn), src/woq/convert-x-<isa>.c. */
+void qk_woq_convert_x__ref(const void* row, qk_dtype dt, size_t kc, float* out);
 void qk_woq_convert_x__avx2(const void* row, qk_dtype dt, size_t kc, float* out);
 
 #endif /* QKERN_WOQ_UKERNELS_H */

@@ -64,6 +64,10 @@ typedef struct plan {
   const int8_t* packed;
   const int8_t* last_panel; /* the partial last panel, padded (see qk_woq_gemm) */
   const float *scale, *bias;
+  /* int4 groupwise: k per group, scales_and_zeros (bytes per group) */
+  size_t group_size, sz_stride;
+  const char* sz;
+  size_t row_floats; /* floats per converted row of x: k (+ its group sums) */
   char* y;
   int64_t y_stride;
 } plan;
@@ -82,15 +86,18 @@ static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* 
     }
     nb--;
   }
-  const size_t chunk_cols = p->panels_per_chunk * p->nr, full_cols = p->full_panels * p->nr;
+  const size_t chunk_cols = p->panels_per_chunk * p->nr;
+  /* int4 panels are whole, the last one read only up to column n */
+  const size_t full_cols = p->full_panels * p->nr < p->n ? p->full_panels * p->nr : p->n;
   *n0 = nb * chunk_cols;
   *nc = full_cols - *n0 < chunk_cols ? full_cols - *n0 : chunk_cols;
   return p->packed + nb * p->panels_per_chunk * p->panel_bytes;
 }
 
 /* A thread's rows of x converted to f32 (kernels with convert_x, x not
- * f32): rows first .. first + count - 1, k floats each, converted when a
- * task needs rows it does not hold. */
+ * f32, or int4 kernels): rows first .. first + count - 1, row_floats each
+ * (k values, then an int4 kernel's group sums), converted when a task
+ * needs rows it does not hold. */
 typedef struct x_rows_f32 {
   float* data;
   size_t first, count;
@@ -112,8 +119,11 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
     w = (const int8_t*)wide;
   }
   if (xf && (xf->first != m0 || xf->count != m_end - m0)) {
-    for (size_t r = m0; r < m_end; r++)
-      p->kern->convert_x(x_row(x, x_stride, x_offsets, r), p->dt, p->k, xf->data + (r - m0) * p->k);
+    for (size_t r = m0; r < m_end; r++) {
+      float* row = xf->data + (r - m0) * p->row_floats;
+      p->kern->convert_x(x_row(x, x_stride, x_offsets, r), p->dt, p->k, row);
+      if (p->group_size) qk_woq_group_sums(row, p->k, p->group_size, row + p->k);
+    }
     xf->first = m0;
     xf->count = m_end - m0;
   }
@@ -121,10 +131,16 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
   for (; m0 < m_end; m0 += p->kern->mr) {
     const size_t mr = m_end - m0 < p->kern->mr ? m_end - m0 : p->kern->mr;
     for (size_t i = 0; i < mr; i++)
-      rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->k)
+      rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->row_floats)
                    : x_row(x, x_stride, x_offsets, m0 + i);
-    p->kern->fn(mr, nc, p->k, rows, p->dt, w, p->scale + n0, p->bias ? p->bias + n0 : NULL,
-                p->y + (int64_t)m0 * p->y_stride + n0 * p->esize, (ptrdiff_t)p->y_stride);
+    const float* bias = p->bias ? p->bias + n0 : NULL;
+    char* c = p->y + (int64_t)m0 * p->y_stride + n0 * p->esize;
+    if (p->group_size)
+      p->kern->int4_fn(mr, nc, p->k, p->group_size, (const float* const*)rows, p->dt,
+                       (const uint8_t*)w, p->sz + n0 * 2 * p->esize, p->sz_stride, bias, c,
+                       (ptrdiff_t)p->y_stride);
+    else
+      p->kern->fn(mr, nc, p->k, rows, p->dt, w, p->scale + n0, bias, c, (ptrdiff_t)p->y_stride);
   }
 }
 
@@ -167,52 +183,41 @@ static int blocking_valid(const qk_woq_blocking* b, int packing_x) {
                    : b->k_block == 0 && (b->split == QK_WOQ_SPLIT_M || b->split == QK_WOQ_SPLIT_N);
 }
 
-int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
-                size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
-                const int8_t* packed, const float* scale, const float* bias, char* y,
-                int64_t y_stride, int num_threads) {
-  const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
-  if (kern && !blocking) blocking = &kern->blocking;
-  if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
-      kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
-      (packing_x ? !kern->pack_x || !kern->kblock || kern->convert_x || kern->mr != 32 ||
-                       kern->nr != 32 || kern->kr != 2
-                 : !kern->fn) ||
-      !blocking_valid(blocking, packing_x))
-    return QK_ERR_ARG;
-  if (m == 0 || n == 0) return QK_OK;
+void qk_woq_group_sums(const float* row, size_t kc, size_t group_size, float* sums) {
+  for (size_t k0 = 0; k0 < kc; k0 += group_size) {
+    float sum = 0.0f;
+    for (size_t k = k0; k < k0 + group_size; k++) sum += row[k];
+    sums[k0 / group_size] = sum;
+  }
+}
 
-  const size_t kr = qk_woq_group_len(k, kern->kr);
-  plan p = {.kern = kern,
-            .m = m,
-            .n = n,
-            .k = k,
-            .nr = kern->nr,
-            .panel_bytes = ceil_div(k, kr) * kr * kern->nr,
-            .esize = dt == QK_F32 ? 4 : 2,
-            .full_panels = n / kern->nr,
-            .x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0,
-            .dt = dt,
-            .packed = packed,
-            .scale = scale,
-            .bias = bias,
-            .y = y,
-            .y_stride = y_stride,
-            .rows = blocking->rows,
-            .k_block = blocking->k_block};
+/* Runs the plan's kernel over the whole problem (p: the shape, the weight
+ * and its panel geometry filled in; the rest is set here). */
+static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int64_t x_stride,
+                   const int64_t* x_offsets, int num_threads) {
+  const qk_woq_kernel* kern = p->kern;
+  const int packing_x = kern->kind == QK_WOQ_KBLOCK;
+  const size_t m = p->m, n = p->n, k = p->k;
+  const qk_dtype dt = p->dt;
+  p->esize = dt == QK_F32 ? 4 : 2;
+  p->x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0;
+  p->rows = blocking->rows;
+  p->k_block = blocking->k_block;
   if (packing_x)
-    p.panels_per_chunk = blocking->chunk_bytes / (p.k_block * p.nr);
+    p->panels_per_chunk = blocking->chunk_bytes / (p->k_block * p->nr);
   else
-    p.panels_per_chunk = p.panel_bytes ? blocking->chunk_bytes / p.panel_bytes : p.full_panels;
+    p->panels_per_chunk = p->panel_bytes ? blocking->chunk_bytes / p->panel_bytes : p->full_panels;
   /* At least one panel, and no more than there are: the per-thread buffers
    * are sized from it. */
-  if (p.panels_per_chunk > p.full_panels) p.panels_per_chunk = p.full_panels;
-  if (p.panels_per_chunk == 0) p.panels_per_chunk = 1;
-  p.full_chunks = ceil_div(p.full_panels, p.panels_per_chunk);
-  p.n_chunks = p.full_chunks + (n % p.nr != 0);
-  const size_t mc = p.rows;
+  if (p->panels_per_chunk > p->full_panels) p->panels_per_chunk = p->full_panels;
+  if (p->panels_per_chunk == 0) p->panels_per_chunk = 1;
+  p->full_chunks = ceil_div(p->full_panels, p->panels_per_chunk);
+  /* a partial last panel (int8: its columns held as plain rows) */
+  const int partial = !p->group_size && n % p->nr != 0;
+  p->n_chunks = p->full_chunks + partial;
+  const size_t mc = p->rows;
   const size_t m_blocks = ceil_div(m, mc);
-  const size_t tasks = p.n_chunks * m_blocks;
+  const size_t tasks = p->n_chunks * m_blocks;
   const int split_m = blocking->split == QK_WOQ_SPLIT_M;
 
   int threads = num_threads;
@@ -220,7 +225,7 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
   if (threads <= 0) threads = omp_get_max_threads();
 #endif
   if (threads < 1) threads = 1;
-  const size_t most_parallel = packing_x ? p.n_chunks : tasks;
+  const size_t most_parallel = packing_x ? p->n_chunks : tasks;
   if ((size_t)threads > most_parallel) threads = (int)most_parallel;
   const double macs = (double)m * (double)n * (double)(k ? k : 1);
   if ((double)threads * blocking->min_macs_per_thread > macs)
@@ -231,22 +236,24 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
    * written.  The packed weight holds a partial last panel as plain rows
    * (include/qkern/woq.h); the kernels read it padded to a whole panel. */
   const int widening = kern->widen && k > 0;
-  const size_t wide_k = packing_x && k > p.k_block ? p.k_block : k;
+  const size_t wide_k = packing_x && k > p->k_block ? p->k_block : k;
   const size_t wide_stride =
-      widening
-          ? (p.panels_per_chunk * qk_woq_widened_panel_size(wide_k, p.nr, kern->kr) + 63) / 64 * 64
-          : 0;
+      widening ? (p->panels_per_chunk * qk_woq_widened_panel_size(wide_k, p->nr, kern->kr) + 63) /
+                     64 * 64
+               : 0;
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
-  const size_t x_block_bytes = block_rows / 32 * p.x_group_bytes;
-  const size_t acc_stride = packing_x ? block_rows * p.panels_per_chunk * p.nr * sizeof(float) : 0;
+  const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
+  const size_t acc_stride =
+      packing_x ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
   /* f32 rows of x per thread: a task's rows (at most mc, at most m) */
-  const int converting = kern->convert_x && dt != QK_F32;
+  const int converting = kern->convert_x && (dt != QK_F32 || p->group_size);
+  p->row_floats = k + (p->group_size ? k / p->group_size : 0);
   size_t xf_stride = 0;
-  if (converting && __builtin_mul_overflow(m < mc ? m : mc, k * sizeof(float), &xf_stride))
+  if (converting &&
+      __builtin_mul_overflow(m < mc ? m : mc, p->row_floats * sizeof(float), &xf_stride))
     return QK_ERR_NOMEM;
   xf_stride = xf_stride / 64 * 64 + 64;
-  const int partial = n % p.nr != 0;
-  int8_t* last_panel = partial ? aligned_alloc(64, (p.panel_bytes + 64) / 64 * 64) : NULL;
+  int8_t* last_panel = partial ? aligned_alloc(64, (p->panel_bytes + 64) / 64 * 64) : NULL;
   char* wide_all = widening ? aligned_alloc(64, (size_t)threads * wide_stride) : NULL;
   char* x_block = packing_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
   char* acc_all = packing_x ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
@@ -263,8 +270,8 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
     return QK_ERR_NOMEM;
   }
   if (partial) {
-    qk_woq_pad_last_panel(packed, n, k, kern->nr, kern->kr, last_panel);
-    p.last_panel = last_panel;
+    qk_woq_pad_last_panel(p->packed, n, k, kern->nr, kern->kr, last_panel);
+    p->last_panel = last_panel;
   }
 
 #pragma omp parallel num_threads(threads)
@@ -281,10 +288,10 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
     if (!packing_x) {
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
-        const size_t mb = split_m ? t / p.n_chunks : t % m_blocks;
-        const size_t nb = split_m ? t % p.n_chunks : t / m_blocks;
+        const size_t mb = split_m ? t / p->n_chunks : t % m_blocks;
+        const size_t nb = split_m ? t % p->n_chunks : t / m_blocks;
         const size_t m_end = (mb + 1) * mc < m ? (mb + 1) * mc : m;
-        run_task(&p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide, xf.data ? &xf : NULL);
+        run_task(p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide, xf.data ? &xf : NULL);
       }
     } else {
       /* Row blocks in turn: pack the block's rows, then run its chunks; the
@@ -294,11 +301,11 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
 #pragma omp for schedule(static)
         for (size_t r = m0; r < m_end; r++)
           kern->pack_x(x_row(x, x_stride, x_offsets, r), dt, k,
-                       x_block + (r - m0) / 32 * p.x_group_bytes + (r - m0) % 32 * 64,
+                       x_block + (r - m0) / 32 * p->x_group_bytes + (r - m0) % 32 * 64,
                        packed_x_chunk_size(dt));
 #pragma omp for schedule(static)
-        for (size_t nb = 0; nb < p.n_chunks; nb++)
-          run_kblock_task(&p, nb, m0, m_end, x_block, wide, acc);
+        for (size_t nb = 0; nb < p->n_chunks; nb++)
+          run_kblock_task(p, nb, m0, m_end, x_block, wide, acc);
       }
     }
     qk_fpenv_leave(caller_env);
@@ -309,4 +316,65 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
   free(acc_all);
   free(xf_all);
   return QK_OK;
+}
+
+int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
+                size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
+                const int8_t* packed, const float* scale, const float* bias, char* y,
+                int64_t y_stride, int num_threads) {
+  const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
+  if (kern && !blocking) blocking = &kern->blocking;
+  if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
+      kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
+      (packing_x ? !kern->pack_x || !kern->kblock || kern->convert_x || kern->mr != 32 ||
+                       kern->nr != 32 || kern->kr != 2
+                 : !kern->fn) ||
+      !blocking_valid(blocking, packing_x))
+    return QK_ERR_ARG;
+  if (m == 0 || n == 0) return QK_OK;
+  const size_t kr = qk_woq_group_len(k, kern->kr);
+  plan p = {.kern = kern,
+            .m = m,
+            .n = n,
+            .k = k,
+            .nr = kern->nr,
+            .panel_bytes = ceil_div(k, kr) * kr * kern->nr,
+            .full_panels = n / kern->nr,
+            .dt = dt,
+            .packed = packed,
+            .scale = scale,
+            .bias = bias,
+            .y = y,
+            .y_stride = y_stride};
+  return execute(&p, blocking, x, x_stride, x_offsets, num_threads);
+}
+
+int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
+                     size_t k, size_t group_size, qk_dtype dt, const char* x, int64_t x_stride,
+                     const int64_t* x_offsets, const uint8_t* packed, const void* sz,
+                     const float* bias, char* y, int64_t y_stride, int num_threads) {
+  if (kern && !blocking) blocking = &kern->blocking;
+  if (!kern || kern->format != QK_WOQ_INT4_GROUPWISE || kern->kind != QK_WOQ_PANELS ||
+      !kern->int4_fn || !kern->convert_x || kern->mr == 0 || kern->mr > QK_MAX_MR ||
+      kern->nr != 32 || kern->kr != 1 || !(kern->dtypes & (1u << dt)) || group_size == 0 ||
+      (kern->group_size && group_size % kern->group_size) || k % group_size ||
+      !blocking_valid(blocking, 0))
+    return QK_ERR_ARG;
+  if (m == 0 || n == 0) return QK_OK;
+  plan p = {.kern = kern,
+            .m = m,
+            .n = n,
+            .k = k,
+            .nr = 32,
+            .panel_bytes = k * 16,
+            .full_panels = ceil_div(n, 32),
+            .dt = dt,
+            .packed = (const int8_t*)packed,
+            .bias = bias,
+            .group_size = group_size,
+            .sz = (const char*)sz,
+            .sz_stride = n * 2 * (dt == QK_F32 ? 4 : 2),
+            .y = y,
+            .y_stride = y_stride};
+  return execute(&p, blocking, x, x_stride, x_offsets, num_threads);
 }

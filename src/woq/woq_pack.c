@@ -78,3 +78,31 @@ void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr
   move_panels((int8_t*)packed + qk_woq_packed_size(whole, k, nr, kr), k, n - whole, k, nr, kr, out,
               1);
 }
+
+size_t qk_woq_int4_packed_size(size_t n, size_t k) {
+  size_t bytes;
+  if (__builtin_mul_overflow((n + 31) / 32, k, &bytes) || __builtin_mul_overflow(bytes, 16, &bytes))
+    return SIZE_MAX;
+  return bytes;
+}
+
+void qk_woq_int4_pack(const uint8_t* q, size_t ldq, size_t n, size_t k, uint8_t* out) {
+  memset(out, 0, qk_woq_int4_packed_size(n, k));
+  for (size_t col = 0; col < n; col++) {
+    /* column col: panel col / 32, byte col % 16 of each k-row, high nibble
+     * for the panel's columns 16..31 */
+    uint8_t* dst = out + col / 32 * k * 16 + col % 16;
+    const int shift = col % 32 >= 16 ? 4 : 0;
+    const uint8_t* row = q + col * ldq;
+    for (size_t kk = 0; kk < k; kk++) dst[kk * 16] |= (uint8_t)((row[kk] & 15u) << shift);
+  }
+}
+
+void qk_woq_int4_unpack(const uint8_t* packed, size_t n, size_t k, uint8_t* q, size_t ldq) {
+  for (size_t col = 0; col < n; col++) {
+    const uint8_t* src = packed + col / 32 * k * 16 + col % 16;
+    const int shift = col % 32 >= 16 ? 4 : 0;
+    uint8_t* row = q + col * ldq;
+    for (size_t kk = 0; kk < k; kk++) row[kk] = (uint8_t)((src[kk * 16] >> shift) & 15u);
+  }
+}

@@ -13,6 +13,7 @@
 #define ALL ((1u << QK_F32) | (1u << QK_F16) | (1u << QK_BF16))
 #define BF16 (1u << QK_BF16)
 #define INT8 QK_WOQ_INT8_PER_CHANNEL, 0 /* format, group size (all of K) */
+#define INT4 QK_WOQ_INT4_GROUPWISE, 32  /* format, groups of any multiple of 32 */
 #define FLUSHES QK_TRAIT_FLUSHES_SUBNORMALS
 #define SPLITS QK_TRAIT_SPLITS_X
 /* Default blockings (include/qkern/woq.h): a task of 256 rows times 256 KiB
@@ -35,6 +36,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
      PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__ref},
     {"f32_gemm_4x1c0__ref", QK_WOQ_UNPACKED, QK_ISA_REF, 4, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
      PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
+    {"f32_qb4w_gemm_4x32c1__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 32, 1, ALL, INT4, 0,
+     "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__ref,
+     .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref},
 #ifdef QKERN_HAVE_AVX2
     {"f32_gemm_1x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 1, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
      ONE_ROW_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x16c1__avx2,
@@ -47,6 +51,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
      .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemv_4x1c0__avx2", QK_WOQ_UNPACKED, QK_ISA_AVX2, 4, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
      PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx2},
+    {"f32_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
+     "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
+     .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2},
 #endif
 #ifdef QKERN_HAVE_AVX512
     {"f32_gemm_1x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 1, 32, 2, ALL, INT8, 0,

@@ -60,9 +60,9 @@ def test_registry_entries():
         assert k.dtypes and set(k.dtypes) <= {"float32", "float16", "bfloat16"}
         assert k.available == (qkern.ISA_LEVELS.index(k.isa)
                                <= qkern.ISA_LEVELS.index(dispatch.ISA_CAP))
-    for layout in {k.layout for k in ks}:
-        assert any(k.isa == "ref" and k.layout == layout for k in ks), \
-            f"layout {layout} has no reference kernel"
+    for form, layout in {(k.weight_format, k.layout) for k in ks}:
+        assert any(k.isa == "ref" and (k.weight_format, k.layout) == (form, layout) for k in ks), \
+            f"{form} layout {layout} has no reference kernel"
 
 
 def test_registry_traits_agree_with_what_the_kernels_are():
@@ -74,7 +74,13 @@ def test_registry_traits_agree_with_what_the_kernels_are():
         assert (k.kind == "unpacked") == (k.layout == (1, 0)), k.name
         if k.kind == "kblock":
             assert (k.mr, k.nr, k.kr) == (32, 32, 2) and k.splits_x, k.name
-        assert k.weight_format == "int8_per_channel" and k.group_size == 0, k.name
+        if k.weight_format == dispatch.INT4:
+            # one packed int4 layout, any group size that is a multiple of 32,
+            # x read in f32 with its group sums
+            assert k.kind == "panels" and k.layout == (32, 1), k.name
+            assert k.group_size == 32 and k.converts_x and not k.widened, k.name
+        else:
+            assert k.weight_format == dispatch.INT8 and k.group_size == 0, k.name
         assert k.bound_by in peaks, k.name
         assert k.flushes_subnormals == (k.bound_by in ("vdpbf16ps zmm", "tdpbf16ps")), k.name
         assert not k.splits_x or set(k.dtypes) > {"bfloat16"}, k.name
@@ -91,14 +97,15 @@ def test_each_cpu_isa_has_its_kernels():
             assert level in built, f"this CPU runs {level} but the build has no {level} kernel"
 
 
+@pytest.mark.parametrize("weight_format", [dispatch.INT8, dispatch.INT4])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_choice_is_highest_available_isa(dtype):
+def test_choice_is_highest_available_isa(dtype, weight_format):
     for m in (1, 2, 7, 64, 1000):
         np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
-        kern = dispatch.choose_kernel(np_dtype, m)
-        assert kern.available and dtype in kern.dtypes
+        kern = dispatch.choose_kernel(np_dtype, m, weight_format=weight_format)
+        assert kern.available and dtype in kern.dtypes and kern.weight_format == weight_format
         best = max(qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
-                   if k.available and dtype in k.dtypes)
+                   if k.available and dtype in k.dtypes and k.weight_format == weight_format)
         assert qkern.ISA_LEVELS.index(kern.isa) == best
 
 

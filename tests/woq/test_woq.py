@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import qkern
 from process_support import run_python
+from qkern.dispatch import INT8
 from qkern.packing import PackedWeight
 from reference import BF16, DTYPES, assert_woq_close, woq_reference
 
@@ -205,7 +206,7 @@ def test_small_n_is_not_padded_to_a_panel(n, k):
     rng = np.random.default_rng(n * k)
     w = rng.integers(-128, 128, (n, k), dtype=np.int8)
     s = rng.uniform(0.5, 2, n).astype(np.float32)
-    for kern in (k for k in qkern.kernels() if k.available):
+    for kern in (k for k in qkern.kernels() if k.available and k.weight_format == INT8):
         nr, kr = kern.layout
         packed = PackedWeight(w, kern.layout)
         rows_padded_to_kr = n * (-(-k // max(kr, 1)) * max(kr, 1))
@@ -282,7 +283,7 @@ def test_tampered_layer_attributes_refused_before_c():
         taller._shape = (4096, 256)
         shorter._data = shorter._data[:100]
         other = next(k for k in qkern.kernels() if k.available and k.kind == "panels"
-                     and k.layout != layer.layout)
+                     and k.weight_format == "int8_per_channel" and k.layout != layer.layout)
         for name, value in [("_weight", taller), ("_weight", shorter),
                             ("_scale_f32", layer._scale_f32[:8]), ("_forced", other)]:
             tampered = object.__new__(qkern.WoqLinear)
@@ -298,7 +299,8 @@ def test_tampered_layer_attributes_refused_before_c():
     assert proc.stdout.count("refused") == 4, proc.stdout
 
 
-@pytest.mark.parametrize("layout", sorted({k.layout for k in qkern.kernels()}))
+@pytest.mark.parametrize("layout", sorted({k.layout for k in qkern.kernels()
+                                            if k.weight_format == INT8}))
 def test_packed_weight_packs_unpacks_and_reports_its_size(layout):
     """PackedWeight packs and unpacks in C, for every layout of the registry
     and shapes around its panel and k-group (a partial panel, K = 0)."""

@@ -1,0 +1,55 @@
+/*
+ * f32-qb4w-gemm-ref.c -- the portable reference kernel on int4 groupwise
+ * weights ("qb4w": 4-bit, blockwise scales), compiled at baseline flags.
+ *
+ * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
+ * layout (nr = 32), in the order of the sums the header fixes for every
+ * int4 kernel: per group, p = fma chain of x[k] * q[k] from 0 in
+ * increasing k; then acc = fma(p, s, acc), acc = fma(xs, z', acc) with
+ * z' = fma(-8, s, z) and xs the driver's group sum; y = acc (+ bias), one
+ * rounding to dt.  Rows of x arrive in f32 with their group sums.
+ */
+#include <assert.h>
+#include <math.h>
+
+#include "qkern/woq_ukernels.h"
+#include "scalar-convert.h"
+
+/* q of column j (0..31) of a panel at row k. */
+static unsigned nibble(const uint8_t* panel, size_t k, size_t j) {
+  const uint8_t byte = panel[k * 16 + j % 16];
+  return j < 16 ? byte & 15u : byte >> 4;
+}
+
+static void f32_qb4w_gemm_ref(size_t MR, size_t mr, size_t nc, size_t kc, size_t group_size,
+                              const float* const* a, qk_dtype dt, const uint8_t* w, const void* sz,
+                              size_t sz_stride, const float* bias, void* c, ptrdiff_t c_stride) {
+  assert(mr >= 1 && mr <= MR && nc >= 1 && group_size > 0 && kc % group_size == 0);
+  (void)MR;
+  const size_t groups = kc / group_size;
+  for (size_t col = 0; col < nc; col++) {
+    const uint8_t* panel = w + col / 32 * kc * 16;
+    for (size_t m = 0; m < mr; m++) {
+      float acc = 0.0f;
+      for (size_t g = 0; g < groups; g++) {
+        float p = 0.0f;
+        for (size_t k = g * group_size; k < (g + 1) * group_size; k++)
+          p = fmaf(a[m][k], (float)nibble(panel, k, col % 32), p);
+        const char* pair = (const char*)sz + g * sz_stride;
+        const float s = qk_load_as_f32(pair, 2 * col, dt);
+        const float z = qk_load_as_f32(pair, 2 * col + 1, dt);
+        acc = fmaf(p, s, acc);
+        acc = fmaf(a[m][kc + g], fmaf(-8.0f, s, z), acc);
+      }
+      if (bias) acc = acc + bias[col];
+      qk_store_from_f32((char*)c + (ptrdiff_t)m * c_stride, col, dt, acc);
+    }
+  }
+}
+
+void qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref(size_t mr, size_t nc, size_t kc, size_t group_size,
+                                              const float* const* a, qk_dtype dt, const uint8_t* w,
+                                              const void* sz, size_t sz_stride, const float* bias,
+                                              void* c, ptrdiff_t c_stride) {
+  f32_qb4w_gemm_ref(4, mr, nc, kc, group_size, a, dt, w, sz, sz_stride, bias, c, c_stride);
+}

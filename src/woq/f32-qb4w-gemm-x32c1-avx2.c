@@ -1,0 +1,177 @@
+/*
+ * f32-qb4w-gemm-x32c1-avx2.c -- the WoQ GEMM micro-kernel 6x32c1 on int4
+ * groupwise weights, AVX2 + FMA + F16C.
+ *
+ * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
+ * layout (nr = 32), the order of sums the header fixes for every int4
+ * kernel.  x arrives in f32 with its group sums (the driver converts it).
+ * A panel is walked in two halves: 8 bytes of each 16-byte row (one k)
+ * widen in-register to two vectors of 8 f32 q values, columns 8h..8h+7
+ * and 16+8h..16+8h+7 (zero-extend, AND / shift, convert), shared by the
+ * rows: one FMA per row and vector into the group's partial sums p (12 of
+ * the 16 ymm registers at 6 rows).  At the end of each group, per row and
+ * column, acc = fma(p, s, acc) then acc = fma(xs, z', acc), with s and
+ * z' = fma(-8, s, z) read from scales_and_zeros in y's dtype (acc lives
+ * in L1 between groups).  The body is specialised for each mr in 1..6, so
+ * no FMA is spent on a missing row; one row runs four halves (two panels)
+ * at once, so that eight independent FMA chains hide the FMA latency.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "io-avx2.h"
+#include "qkern/woq_ukernels.h"
+
+/* The scales s and z' = fma(-8, s, z) of 8 columns, from their 8 (s, z)
+ * pairs at p, of dtype DT. */
+QK_INLINE void load_params8(const char* p, qk_dtype DT, __m256* s, __m256* zp) {
+  __m256 a, b; /* a = s0 z0 s1 z1 | s2 z2 s3 z3, b: pairs 4..7 */
+  if (DT == QK_F32) {
+    a = _mm256_loadu_ps((const float*)p);
+    b = _mm256_loadu_ps((const float*)p + 8);
+  } else {
+    const __m128i h0 = _mm_loadu_si128((const __m128i*)p);
+    const __m128i h1 = _mm_loadu_si128((const __m128i*)(p + 16));
+    if (DT == QK_F16) {
+      a = _mm256_cvtph_ps(h0);
+      b = _mm256_cvtph_ps(h1);
+    } else {
+      a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
+      b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
+    }
+  }
+  /* s0 s1 s4 s5 | s2 s3 s6 s7, then the 64-bit quarters in order 0 2 1 3 */
+  const __m256 s_mixed = _mm256_shuffle_ps(a, b, 0x88), z_mixed = _mm256_shuffle_ps(a, b, 0xdd);
+  *s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s_mixed), 0xd8));
+  const __m256 z = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z_mixed), 0xd8));
+  *zp = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *s, z);
+}
+
+/* load_params8 for columns col..col+7 of a row of pairs, reading none at
+ * or beyond column nc (those get zeros). */
+QK_INLINE void load_params(const char* row, size_t col, size_t nc, qk_dtype DT, __m256* s,
+                           __m256* zp) {
+  const size_t pair = DT == QK_F32 ? 8 : 4;
+  if (col + 8 <= nc) {
+    load_params8(row + col * pair, DT, s, zp);
+    return;
+  }
+  char tmp[8 * 8] __attribute__((aligned(32))) = {0};
+  if (col < nc) memcpy(tmp, row + col * pair, (nc - col) * pair);
+  load_params8(tmp, DT, s, zp);
+}
+
+/* H consecutive half panels from half h0 (half h: panel h / 2, byte
+ * offset 8 * (h % 2) of each row) for MR rows (see the top). */
+QK_INLINE void qb4w_halves(const size_t MR, const size_t H, const qk_dtype DT, size_t h0, size_t nc,
+                           size_t kc, size_t group_size, const float* const* ar, char* const* cr,
+                           const uint8_t* w, const char* sz, size_t sz_stride, const float* bias) {
+  const size_t esize = DT == QK_F32 ? 4 : 2, groups = kc / group_size;
+  const __m256i low = _mm256_set1_epi32(15);
+  /* the byte offset of half h's first k-row, its first two columns */
+  size_t off[4], col[4][2];
+  for (size_t h = 0; h < H; h++) {
+    off[h] = (h0 + h) / 2 * kc * 16 + (h0 + h) % 2 * 8;
+    col[h][0] = (h0 + h) / 2 * 32 + (h0 + h) % 2 * 8;
+    col[h][1] = col[h][0] + 16;
+  }
+  __m256 acc[6 * 8] __attribute__((aligned(32)));
+  for (size_t i = 0; i < MR * H * 2; i++) acc[i] = _mm256_setzero_ps();
+  for (size_t g = 0; g < groups; g++) {
+    /* the next group's scales and zeros are a row of sz away: fetched
+     * while this group's products run */
+    if (g + 1 < groups)
+      for (size_t h = 0; h < H; h += 2) {
+        _mm_prefetch(sz + (g + 1) * sz_stride + col[h][0] * 2 * esize, _MM_HINT_T0);
+        _mm_prefetch(sz + (g + 1) * sz_stride + col[h][1] * 2 * esize, _MM_HINT_T0);
+      }
+    __m256 ps[6][8];
+    for (size_t i = 0; i < MR; i++)
+      for (size_t v = 0; v < 2 * H; v++) ps[i][v] = _mm256_setzero_ps();
+    for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
+      for (size_t h = 0; h < H; h++) {
+        const uint8_t* wk = w + off[h] + k * 16;
+        if ((k & 3) == 0 && h % 2 == 0)
+          _mm_prefetch((const char*)wk + QK_PREFETCH_BYTES, _MM_HINT_T0);
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)wk));
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+        for (size_t i = 0; i < MR; i++) {
+          const __m256 xv = _mm256_broadcast_ss(ar[i] + k);
+          ps[i][2 * h] = _mm256_fmadd_ps(xv, q0, ps[i][2 * h]);
+          ps[i][2 * h + 1] = _mm256_fmadd_ps(xv, q1, ps[i][2 * h + 1]);
+        }
+      }
+    }
+    const char* row = sz + g * sz_stride;
+#pragma GCC unroll 8
+    for (size_t v = 0; v < 2 * H; v++) {
+      __m256 s, zp;
+      load_params(row, col[v / 2][v % 2], nc, DT, &s, &zp);
+#pragma GCC unroll 6
+      for (size_t i = 0; i < MR; i++) {
+        __m256* a = &acc[i * 2 * H + v];
+        *a = _mm256_fmadd_ps(ps[i][v], s, *a);
+        *a = _mm256_fmadd_ps(_mm256_broadcast_ss(ar[i] + kc + g), zp, *a);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (size_t v = 0; v < 2 * H; v++) {
+    const size_t c = col[v / 2][v % 2];
+    if (c >= nc) continue;
+    const __m256 b = bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (size_t i = 0; i < MR; i++) {
+      __m256 y = acc[i * 2 * H + v];
+      if (bias) y = _mm256_add_ps(y, b);
+      qk256_store_row(cr[i], c, DT, y, nc - c);
+    }
+  }
+}
+
+/* mr = MR rows over all nc columns, half panel by half panel. */
+QK_INLINE void qb4w_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t kc,
+                         size_t group_size, const float* const* a, const uint8_t* w, const void* sz,
+                         size_t sz_stride, const float* bias, void* c, ptrdiff_t c_stride) {
+  char* cr[6];
+  for (size_t i = 0; i < MR; i++) cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
+  const size_t halves = (nc + 31) / 32 * 2;
+  size_t h = 0;
+  if (MR == 1) /* four halves (two panels) at a time: eight independent sums */
+    for (; h + 4 <= halves; h += 4)
+      qb4w_halves(1, 4, DT, h, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
+  for (; h < halves; h++)
+    qb4w_halves(MR, 1, DT, h, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
+}
+
+QK_INLINE void f32_qb4w_gemm_6x32c1(const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                                    size_t group_size, const float* const* a, const uint8_t* w,
+                                    const void* sz, size_t sz_stride, const float* bias, void* c,
+                                    ptrdiff_t c_stride) {
+  switch (mr) {
+    case 1: qb4w_rows(1, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
+    case 2: qb4w_rows(2, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
+    case 3: qb4w_rows(3, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
+    case 4: qb4w_rows(4, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
+    case 5: qb4w_rows(5, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
+    default: qb4w_rows(6, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
+  }
+}
+
+void qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2(size_t mr, size_t nc, size_t kc, size_t group_size,
+                                               const float* const* a, qk_dtype dt, const uint8_t* w,
+                                               const void* sz, size_t sz_stride, const float* bias,
+                                               void* c, ptrdiff_t c_stride) {
+  switch (dt) {
+    case QK_F32:
+      f32_qb4w_gemm_6x32c1(QK_F32, mr, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride);
+      break;
+    case QK_F16:
+      f32_qb4w_gemm_6x32c1(QK_F16, mr, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride);
+      break;
+    case QK_BF16:
+      f32_qb4w_gemm_6x32c1(QK_BF16, mr, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride);
+      break;
+  }
+}

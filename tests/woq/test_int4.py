@@ -1,0 +1,295 @@
+"""int4 groupwise WoQ GEMM: quantizing, the packed layout, every int4
+kernel against the float64 reference within the derived bound
+(tests/reference.py), the fixed order of sums (every kernel, thread count
+and blocking gives the same bits), and the errors of the public API."""
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import qkern
+from conftest import kernel_params
+from qkern import _woq
+from qkern._dtypes import dtype_code
+from qkern.dispatch import INT4, Blocking
+from reference import BF16, DTYPES, assert_int4_close, int4_bound, int4_dequantize
+
+DTYPE_IDS = [d.name for d in DTYPES]
+INT4_KERNELS = kernel_params(INT4)
+REFERENCE = "f32_qb4w_gemm_4x32c1__ref"
+
+
+def _problem(rng, m, n, k, group_size, dtype, bias=True):
+    """x, q, scales_and_zeros, bias: weights as quantize_int4 makes them."""
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    q, sz = qkern.quantize_int4(w.astype(dtype), group_size)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+    return x, q, sz, b
+
+
+def _run_kernel(kern, x, q, sz, group_size, b, **kw):
+    layer = qkern.Int4Linear(qkern.pack_int4(q), group_size, sz, b, kernel=kern.name)
+    return layer(x, **kw)
+
+
+def test_packed_layout_is_the_documented_one():
+    """docs/kernels.rst: column n of panel n // 32 is nibble (n % 32 >= 16)
+    of byte n % 16 of the panel's 16-byte row k; columns past N are 0."""
+    n, k = 40, 3
+    q = (np.arange(n * k).reshape(n, k) * 7 % 16).astype(np.uint8)
+    p = qkern.pack_int4(q)
+    assert p.shape == (2, k, 16) and p.dtype == np.uint8 and p.flags.c_contiguous
+    assert p.ctypes.data % 64 == 0
+    for col in range(64):
+        for kk in range(k):
+            byte = p[col // 32, kk, col % 16]
+            nibble = byte >> 4 if col % 32 >= 16 else byte & 15
+            assert nibble == (q[col, kk] if col < n else 0), (col, kk)
+
+
+@given(n=st.integers(0, 70), k=st.integers(0, 40), seed=st.integers(0, 2**16))
+def test_pack_unpack_round_trip(n, k, seed):
+    q = np.random.default_rng(seed).integers(0, 16, (n, k)).astype(np.uint8)
+    p = qkern.pack_int4(q)
+    assert p.shape == (-(-n // 32), k, 16)
+    assert np.array_equal(qkern.unpack_int4(p, n), q)
+
+
+def test_pack_int4_takes_any_integer_dtype_and_refuses_values_out_of_range():
+    q = np.arange(16, dtype=np.int32).reshape(1, 16)
+    assert np.array_equal(qkern.unpack_int4(qkern.pack_int4(q), 1), q)
+    with pytest.raises(ValueError, match="values 0..15"):
+        qkern.pack_int4(np.full((2, 4), 16, np.int32))
+    with pytest.raises(ValueError, match="values 0..15"):
+        qkern.pack_int4(np.full((2, 4), -1, np.int8))
+    with pytest.raises(TypeError, match="integer dtype"):
+        qkern.pack_int4(np.zeros((2, 4), np.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("group_size", qkern.woq_int4.GROUP_SIZES)
+def test_quantize_int4_is_within_half_a_step(dtype, group_size):
+    rng = np.random.default_rng(group_size)
+    w = (rng.standard_normal((5, 2 * group_size)) * 3).astype(dtype)
+    w[0, :group_size] = 0.25  # a constant group: scale from the 1e-6 floor
+    q, sz = qkern.quantize_int4(w, group_size)
+    assert q.dtype == np.uint8 and q.shape == w.shape and q.max() <= 15
+    assert sz.dtype == dtype and sz.shape == (2, 5, 2) and sz.flags.c_contiguous
+    # before s and z are rounded to the dtype: within half a step
+    wf = w.astype(np.float32).reshape(5, 2, group_size)
+    lo, hi = wf.min(-1), wf.max(-1)
+    step = np.maximum(hi - lo, np.float32(1e-6)) / np.float32(15)
+    dq = (q.reshape(5, 2, group_size) * step[..., None].astype(np.float64) + lo[..., None])
+    assert (np.abs(dq - wf) <= step[..., None] * (0.5 + 1e-5)).all()
+    # with them rounded: the rounding of s (times up to 8 steps) and of z more
+    u = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}[
+        np.dtype(dtype)]
+    s64, z64 = sz[..., 0].astype(np.float64), sz[..., 1].astype(np.float64)
+    slack = (0.5 + 9 * u) * s64.T + u * np.abs(z64.T) + 8 * u * s64.T + 1e-7
+    err = np.abs(int4_dequantize(q, sz, group_size) - w.astype(np.float64))
+    assert (err.reshape(5, 2, group_size) <= slack[..., None]).all()
+
+
+def test_quantize_int4_refuses_what_it_cannot_quantize():
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        qkern.quantize_int4(np.full((2, 32), np.inf, np.float32), 32)
+    with pytest.raises(ValueError, match="not a multiple of group_size"):
+        qkern.quantize_int4(np.zeros((2, 48), np.float32), 32)
+    with pytest.raises(ValueError, match="group_size: expected one of"):
+        qkern.quantize_int4(np.zeros((2, 48), np.float32), 48)
+    with pytest.raises(TypeError, match="w: expected dtype"):
+        qkern.quantize_int4(np.zeros((2, 32), np.float64), 32)
+
+
+@pytest.mark.parametrize("kern", INT4_KERNELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_kernel_is_within_the_bound(kern, dtype):
+    """Every int4 kernel against the float64 reference, over M around its
+    MR, N around a panel, every group size, with and without bias."""
+    rng = np.random.default_rng(kern.index)
+    for group_size in qkern.woq_int4.GROUP_SIZES:
+        for m, n in [(1, 1), (kern.mr, 31), (kern.mr + 1, 33), (2 * kern.mr + 1, 64), (3, 100)]:
+            x, q, sz, b = _problem(rng, m, n, 2 * group_size, group_size, dtype,
+                                   bias=m % 2 == 1)
+            assert_int4_close(_run_kernel(kern, x, q, sz, group_size, b), x, q, sz, group_size, b)
+
+
+def test_the_bound_can_fail():
+    """Control: a result off by 1e-3 (more than the bound here), or one
+    computed without the zeros, is rejected."""
+    rng = np.random.default_rng(1)
+    x, q, sz, b = _problem(rng, 3, 40, 64, 32, np.float32)
+    y = qkern.Int4Linear(qkern.pack_int4(q), 32, sz, b)(x)
+    assert_int4_close(y, x, q, sz, 32, b)
+    assert (int4_bound(x, q, sz, 32, b, np.float32) < 1e-3).all()
+    y[1, 7] += 1e-3
+    with pytest.raises(AssertionError, match="outside the bound"):
+        assert_int4_close(y, x, q, sz, 32, b)
+    with pytest.raises(AssertionError, match="outside the bound"):  # the zeros ignored
+        no_zeros = x @ ((q - 8.0) * np.repeat(sz[..., 0].T, 32, axis=1)).T + b
+        assert_int4_close(no_zeros.astype(np.float32), x, q, sz, 32, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
+    """docs/semantics.rst, "int4": the order of the sums is fixed, so the
+    kernel M selects, the rows passed with a row, the threads and the
+    blocking change no bit."""
+    kernels = [p.values[0] for p in INT4_KERNELS if p.values[0].available]
+    assert kernels and kernels[0].name == REFERENCE
+    rng = np.random.default_rng(7)
+    x, q, sz, b = _problem(rng, 37, 3 * 32 + 5, 256, 64, dtype)
+    want = _run_kernel(kernels[0], x, q, sz, 64, b).view(np.uint8)
+    for kern in kernels:
+        for threads in (1, 2, 3):
+            got = _run_kernel(kern, x, q, sz, 64, b, num_threads=threads).view(np.uint8)
+            assert np.array_equal(got, want), (kern.name, threads)
+        for row in (0, 5, 36):  # a row alone: another mr, another specialisation
+            got = _run_kernel(kern, x[row:row + 1], q, sz, 64, b).view(np.uint8)
+            assert np.array_equal(got, want[row:row + 1]), (kern.name, row)
+    functional = qkern.weight_int4pack_mm(x, qkern.pack_int4(q), 64, sz, bias=b)
+    assert np.array_equal(functional.view(np.uint8), want)
+    kern = kernels[-1]
+    packed = qkern.pack_int4(q)
+    for cut in [Blocking(5, 1, 0, 1, "m"), Blocking(7, 40000, 0, 1, "n"),
+                Blocking(1000, 1 << 30, 0, 1 << 20, "m")]:
+        y = np.empty((37, 101), dtype)
+        _woq.gemm_int4(kern.index, x, 37, 101, 256, 64, dtype_code(dtype), x.strides[0], None,
+                       packed.reshape(-1), sz, qkern.woq._padded_f32(b, 32), y, y.strides[0], 2,
+                       cut.to_driver())
+        assert np.array_equal(y.view(np.uint8), want), cut
+
+
+@pytest.mark.parametrize("kern", INT4_KERNELS)
+def test_micro_kernel_alone_writes_only_its_output(kern):
+    """One micro-kernel call, no driver: nc not a multiple of the panel,
+    every mr, rows of c apart with poison around; agrees with the driver."""
+    rng = np.random.default_rng(3)
+    for dtype in DTYPES:
+        for mr in range(1, kern.mr + 1):
+            for nc in (1, 8, 17, 32, 45, 64):
+                x, q, sz, b = _problem(rng, mr, nc, 96, 32, dtype)
+                x32 = x.astype(np.float32)
+                bias = qkern.woq._padded_f32(b, 32)
+                big = np.full((mr + 2, nc + 11), np.nan, dtype)
+                c = big[1:1 + mr, 3:3 + nc]
+                _woq.ukernel_int4(kern.index, mr, nc, 96, 32, x32, dtype_code(dtype),
+                                  qkern.pack_int4(q).reshape(-1), sz, bias, c, c.strides[0])
+                outside = big.astype(np.float64)
+                outside[1:1 + mr, 3:3 + nc] = np.nan
+                assert np.isnan(outside).all(), f"{kern.name} wrote outside its output"
+                want = _run_kernel(kern, x, q, sz, 32, b)
+                assert np.array_equal(c.view(np.uint8), want.view(np.uint8)), (mr, nc)
+
+
+@given(m=st.integers(0, 9), n=st.integers(0, 70), groups=st.integers(0, 3),
+       group_size=st.sampled_from([32, 64]), dtype=st.sampled_from(DTYPES),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_weight_int4pack_mm_on_random_problems(m, n, groups, group_size, dtype, bias, seed):
+    rng = np.random.default_rng(seed)
+    k = groups * group_size
+    x, q, sz, b = _problem(rng, m, n, k, group_size, dtype, bias)
+    y = qkern.weight_int4pack_mm(x, qkern.pack_int4(q), group_size, sz, bias=b)
+    assert y.shape == (m, n) and y.dtype == dtype
+    if k == 0:
+        assert np.array_equal(y, np.broadcast_to(b if bias else np.zeros(n, dtype), (m, n)))
+    assert_int4_close(y, x, q, sz, group_size, b)
+
+
+def test_strided_x_batches_and_out():
+    rng = np.random.default_rng(5)
+    x, q, sz, b = _problem(rng, 24, 50, 128, 64, np.float32)
+    p = qkern.pack_int4(q)
+    want = qkern.weight_int4pack_mm(x, p, 64, sz, bias=b)
+    batched = x.reshape(2, 3, 4, 128)
+    assert np.array_equal(qkern.weight_int4pack_mm(batched, p, 64, sz, bias=b),
+                          want.reshape(2, 3, 4, 50))
+    wide = np.zeros((24, 256), np.float32)
+    wide[:, ::2] = x  # last axis not unit-stride: copied
+    assert np.array_equal(qkern.weight_int4pack_mm(wide[:, ::2], p, 64, sz, bias=b), want)
+    out = np.full((24, 50), np.nan, np.float32)
+    assert qkern.weight_int4pack_mm(x, p, 64, sz, bias=b, out=out) is out
+    assert np.array_equal(out, want)
+    sz_f = np.asfortranarray(sz)  # copied to C order
+    assert np.array_equal(qkern.weight_int4pack_mm(x, p, 64, sz_f, bias=b), want)
+
+
+def test_errors_name_the_argument_and_write_nothing():
+    rng = np.random.default_rng(2)
+    x, q, sz, b = _problem(rng, 2, 40, 64, 32, np.float32)
+    p = qkern.pack_int4(q)
+    out = np.full((2, 40), 7.0, np.float32)
+    cases = [
+        (TypeError, "group_size: expected an int", dict(group_size=32.0)),
+        (ValueError, "group_size: expected one of", dict(group_size=16)),
+        (ValueError, "not a multiple of group_size", dict(group_size=128)),
+        (TypeError, "w_packed: expected dtype uint8", dict(w_packed=p.view(np.int8))),
+        (ValueError, r"w_packed: expected 3 dimension", dict(w_packed=q)),
+        (ValueError, "w_packed: holds 3 panels", dict(w_packed=qkern.pack_int4(
+            np.zeros((70, 64), np.uint8)))),
+        (TypeError, "scales_and_zeros: expected dtype float32", dict(
+            scales_and_zeros=sz.astype(np.float16))),
+        (ValueError, r"scales_and_zeros: expected shape \(K // group_size, N, 2\)", dict(
+            scales_and_zeros=sz[:1])),
+        (ValueError, "x: expected last dimension K=64", dict(x=x[:, :32])),
+        (TypeError, "x: expected dtype float32, float16 or bfloat16", dict(
+            x=x.astype(np.float64))),
+        (ValueError, r"bias: expected shape \(40,\)", dict(bias=b[:3])),
+        (ValueError, "out: expected shape", dict(out=out[:1])),
+        (ValueError, "num_threads: expected 1", dict(num_threads=0)),
+    ]
+    for error, match, change in cases:
+        args = dict(x=x, w_packed=p, group_size=32, scales_and_zeros=sz, bias=b, out=out)
+        args.update(change)
+        with pytest.raises(error, match=match):
+            qkern.weight_int4pack_mm(**args)
+        assert (out == 7.0).all(), match
+
+
+def test_int4_linear_holds_one_packed_copy_pickles_and_refuses_int8_kernels():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((70, 256)).astype(BF16)
+    bias = rng.standard_normal(70).astype(BF16)
+    layer = qkern.Int4Linear.from_float(w, 128, bias)
+    q, sz = qkern.quantize_int4(w, 128)
+    assert np.array_equal(layer.weight(), q) and layer.shape == (70, 256)
+    assert layer.nbytes == 3 * 256 * 16 + sz.nbytes + 70 * 2 + 96 * 4
+    assert not layer.packed_weight.flags.writeable and not layer.scales_and_zeros.flags.writeable
+    x = rng.standard_normal((5, 256)).astype(BF16)
+    y = layer(x)
+    assert_int4_close(y, x, q, sz, 128, bias)
+    clone = pickle.loads(pickle.dumps(layer))
+    assert clone(x).tobytes() == y.tobytes() and repr(clone) == repr(layer)
+    with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
+        layer(x.astype(np.float32))
+    int8 = next(k for k in qkern.kernels() if k.available and k.weight_format != INT4)
+    with pytest.raises(ValueError, match="does not read int4 weights"):
+        qkern.Int4Linear(qkern.pack_int4(q), 128, sz, kernel=int8.name)
+    with pytest.raises(ValueError, match="reads int4_groupwise weights"):
+        qkern.WoqLinear(np.zeros((2, 4), np.int8), np.ones(2, np.float32), kernel=REFERENCE)
+    with pytest.raises(TypeError, match="Int4Linear state"):
+        qkern.Int4Linear.__new__(qkern.Int4Linear).__setstate__({"w_packed": None})
+
+
+def test_threads_calling_one_layer_at_once_agree():
+    rng = np.random.default_rng(6)
+    layer = qkern.Int4Linear.from_float(rng.standard_normal((64, 512)).astype(np.float32), 64)
+    xs = [rng.standard_normal((3, 512)).astype(np.float32) for _ in range(8)]
+    want = [layer(x).tobytes() for x in xs]
+    got = [None] * len(xs)
+
+    def work(i):
+        for _ in range(20):
+            got[i] = layer(xs[i], num_threads=2).tobytes()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
