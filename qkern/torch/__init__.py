@@ -1,8 +1,8 @@
-"""PyTorch interop: qkern's int8 WoQ GEMM and int8 conv2d as custom ops and modules.
+"""PyTorch interop: qkern's int8 and int4 WoQ GEMM and int8 conv2d as custom ops and modules.
 
 Imported only by ``import qkern.torch``; ``import qkern`` never imports torch.
 
-Four custom ops, each with a fake (meta) implementation, so that they trace
+Six custom ops, each with a fake (meta) implementation, so that they trace
 under ``torch.compile(fullgraph=True)`` and ``torch.export``:
 
 ``torch.ops.qkern.weight_int8pack_mm(x, w, scales)``
@@ -11,6 +11,11 @@ under ``torch.compile(fullgraph=True)`` and ``torch.export``:
 ``torch.ops.qkern.woq_linear(x, layer)``
     The forward of :class:`WoqLinear`: runs the packed ``qkern.WoqLinear``
     registered under the string ``layer`` in this process.
+``torch.ops.qkern.weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros)``
+    What ``torch._weight_int4pack_mm_for_cpu`` computes, on qkern's packed
+    int4 layout; :func:`weight_int4pack_mm` is its documented entry point.
+``torch.ops.qkern.int4_linear(x, layer)``
+    The forward of :class:`Int4Linear`.
 ``torch.ops.qkern.qconv2d(x, w, bias, act_scale, weight_scale, out_scale, ...)``
     :func:`qkern.qconv2d` on int8 CPU or CUDA tensors in PyTorch's layouts
     (NCHW logical shape, channels_last result); :func:`qconv2d` is its
@@ -40,9 +45,15 @@ qkern's public API):
 ``_quantization``
     :func:`quantize_per_channel`.
 ``_registry``
-    The registry of live modules that the module ops look their module up in.
+    The registry of live modules that the module ops look their module up
+    in, and the op of a linear module (``define_linear_op``).
+``_int4``
+    The op ``qkern::weight_int4pack_mm`` and :func:`weight_int4pack_mm`,
+    :class:`Int4Linear` and its op ``qkern::int4_linear``, and
+    :func:`int4_from_torch_packed` (PyTorch's packed int4 weights).
 ``_linear``
-    :class:`WoqLinear`, its op ``qkern::woq_linear``, :func:`swap_linears`.
+    :class:`WoqLinear`, its op ``qkern::woq_linear``, :func:`swap_linears`
+    (int8 or int4).
 ``_conv``
     :class:`QConv2d` and its op ``qkern::qconv2d_layer``.
 """
@@ -54,8 +65,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from qkern.torch._conv import QConv2d
 from qkern.torch._functional import qconv2d, weight_int8pack_mm
+from qkern.torch._int4 import Int4Linear, int4_from_torch_packed, weight_int4pack_mm
 from qkern.torch._linear import WoqLinear, swap_linears
 from qkern.torch._quantization import quantize_per_channel
 
-__all__ = ["QConv2d", "WoqLinear", "qconv2d", "quantize_per_channel", "swap_linears",
-           "weight_int8pack_mm"]
+__all__ = ["Int4Linear", "QConv2d", "WoqLinear", "int4_from_torch_packed", "qconv2d",
+           "quantize_per_channel", "swap_linears", "weight_int4pack_mm", "weight_int8pack_mm"]

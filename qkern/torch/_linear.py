@@ -1,6 +1,7 @@
 """``WoqLinear``, an ``nn.Linear`` with int8 weights packed once; its op ``qkern::woq_linear``.
 
-Also :func:`swap_linears`, which puts it in place of the ``nn.Linear`` layers of a model.
+Also :func:`swap_linears`, which puts it (or, for 4 bits, an
+:class:`~qkern.torch.Int4Linear`) in place of the ``nn.Linear`` layers of a model.
 """
 
 from __future__ import annotations
@@ -10,29 +11,16 @@ import torch
 from torch import nn
 
 import qkern
-from qkern.torch._checks import check_x
-from qkern.torch._interop import TORCH_DTYPES, as_numpy, from_numpy, run_into
+from qkern.torch._int4 import Int4Linear
+from qkern.torch._interop import TORCH_DTYPES, as_numpy, from_numpy
 from qkern.torch._quantization import quantize_per_channel
-from qkern.torch._registry import LiveRegistry
+from qkern.torch._registry import LiveRegistry, define_linear_op
 
 __all__ = ["WoqLinear", "swap_linears"]
 
-# The packed layers of live WoqLinear modules.
+# The packed layers of live WoqLinear modules, and their op.
 _LAYERS = LiveRegistry("qkern::woq_linear", "qkern.torch.WoqLinear", "woq")
-
-
-@torch.library.custom_op("qkern::woq_linear", mutates_args=())
-def _woq_linear_op(x: torch.Tensor, layer: str) -> torch.Tensor:
-    lin = _LAYERS[layer]
-    check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
-    return run_into(lin, x, lin.shape[0])
-
-
-@_woq_linear_op.register_fake
-def _(x, layer):
-    lin = _LAYERS[layer]
-    check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
-    return x.new_empty(x.shape[:-1] + (lin.shape[0],))
+_woq_linear_op = define_linear_op("qkern::woq_linear", _LAYERS)
 
 
 class WoqLinear(nn.Module):
@@ -194,8 +182,10 @@ class WoqLinear(nn.Module):
         _LAYERS[self._key] = self._layer
 
 
-def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None) -> nn.Module:
-    """Replace every ``nn.Linear`` in a module tree by a :class:`WoqLinear`.
+def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None, bits: int = 8,
+                 group_size: int = 128) -> nn.Module:
+    """Replace every ``nn.Linear`` in a module tree by a :class:`WoqLinear`
+    (``bits=8``) or an :class:`~qkern.torch.Int4Linear` (``bits=4``).
 
     Only modules of type exactly ``nn.Linear`` are replaced: subclasses
     (such as the output projection of ``nn.MultiheadAttention``, whose weight
@@ -207,12 +197,18 @@ def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None) -> nn.Mo
         Changed in place, on the CPU.
     dtype : torch.dtype, optional
         Activation dtype of the new layers; default each linear's weight dtype.
+    bits : int
+        8 (int8 per output channel) or 4 (int4 in groups of ``group_size``
+        along ``in_features``, :func:`qkern.quantize_int4`).
+    group_size : int
+        For ``bits=4``: 32, 64, 128 or 256, dividing every linear's
+        ``in_features`` (ValueError naming the first that it does not,
+        before any layer is replaced).
 
     Returns
     -------
     torch.nn.Module
-        ``model``, or a new :class:`WoqLinear` when ``model`` itself is an
-        ``nn.Linear``.
+        ``model``, or a new layer when ``model`` itself is an ``nn.Linear``.
 
     Examples
     --------
@@ -224,8 +220,21 @@ def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None) -> nn.Mo
     >>> mlp(torch.randn(2, 8, dtype=torch.bfloat16)).dtype
     torch.bfloat16
     """
+    if bits not in (4, 8):
+        raise ValueError(f"bits: expected 4 or 8, got {bits!r}")
+    if bits == 4:
+        for name, module in model.named_modules():
+            if type(module) is nn.Linear and module.in_features % group_size:
+                raise ValueError(f"{name or 'model'}: in_features={module.in_features} is not "
+                                 f"a multiple of group_size={group_size}")
+    return _swap(model, dtype, bits, group_size)
+
+
+def _swap(model: nn.Module, dtype, bits: int, group_size: int) -> nn.Module:
     if type(model) is nn.Linear:
+        if bits == 4:
+            return Int4Linear.from_linear(model, group_size=group_size, dtype=dtype)
         return WoqLinear.from_linear(model, dtype=dtype)
     for name, child in model.named_children():
-        setattr(model, name, swap_linears(child, dtype=dtype))
+        setattr(model, name, _swap(child, dtype, bits, group_size))
     return model

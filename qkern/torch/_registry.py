@@ -5,7 +5,12 @@ from __future__ import annotations
 import itertools
 import weakref
 
-__all__ = ["LiveRegistry"]
+import torch
+
+from qkern.torch._checks import check_x
+from qkern.torch._interop import TORCH_DTYPES, run_into
+
+__all__ = ["LiveRegistry", "define_linear_op"]
 
 
 class LiveRegistry:
@@ -32,3 +37,23 @@ class LiveRegistry:
         except KeyError:
             raise RuntimeError(f"{self._op}: no live {self._module} with key {key!r} "
                                "in this process") from None
+
+
+def define_linear_op(op: str, registry: LiveRegistry):
+    """Define the custom op ``op(x, layer) -> Tensor`` (with its fake) that runs
+    the qkern linear layer (``shape``, ``dtype``, ``__call__(x, out=,
+    num_threads=)``) registered in ``registry`` under the string ``layer``."""
+
+    @torch.library.custom_op(op, mutates_args=())
+    def linear(x: torch.Tensor, layer: str) -> torch.Tensor:
+        lin = registry[layer]
+        check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
+        return run_into(lin, x, lin.shape[0])
+
+    @linear.register_fake
+    def _(x, layer):
+        lin = registry[layer]
+        check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
+        return x.new_empty(x.shape[:-1] + (lin.shape[0],))
+
+    return linear
