@@ -163,7 +163,9 @@ class _Problem:
         return self.runtime_peers[threads]
 
     def calls(self, m: int, threads: int, quick: bool) -> dict:
-        """``{peer: (dtype, kernel name or None, weight bytes, callable)}`` for M rows."""
+        """``{peer: (dtype, kernel name or None, weight bytes, callable[, warm])}``
+        for M rows; ``warm()``, where given, runs the rows once on every copy
+        of a runtime peer before it is timed (:class:`runtimes.Peer`)."""
         out = {}
         for name in bench.DTYPES:
             x, layers = self.x[name][:m], self.layers[name]
@@ -176,7 +178,8 @@ class _Problem:
                 lambda: qkern.weight_int8pack_mm(xb, self.w, self.scales, num_threads=threads))
         xf = self.x["float32"][:m]
         for name, run in self._runtimes(threads).items():
-            out[name] = ("float32", None, self.n * self.k, lambda run=run: run(xf))
+            out[name] = ("float32", None, self.n * self.k, lambda run=run: run(xf),
+                         lambda run=run: run.warm(xf))
         s_col = self.scales.astype(np.float32)[:, None]
         out["numpy f32 dequant+matmul"] = (
             "bfloat16", None, self.n * self.k,
@@ -234,7 +237,10 @@ def peers_table(threads: int, quick: bool, roof, torch=None) -> list:
         prob = _Problem(rng, n, k, max(ms), torch)
         for m in ms:
             ours = None
-            for name, (dtype, kernel, wbytes, fn) in prob.calls(m, threads, quick).items():
+            for name, (dtype, kernel, wbytes, fn, *warm) in prob.calls(m, threads,
+                                                                       quick).items():
+                for run in warm:
+                    run()
                 t = time_call(fn)
                 ours = ours or t.median  # the first peer is qkern bfloat16
                 row = bench.result_row("peers", name, dtype, m, n, k, t, wbytes, kernel=kernel,

@@ -1,8 +1,11 @@
-"""The inference runtimes as peers of qkern's int8 WoQ GEMM: OpenVINO and
+"""The inference runtimes as peers of qkern's WoQ GEMMs: OpenVINO and
 ONNX Runtime, each where installed (``pip install qkern[bench]``).
 
 Each runs the same problem as ``qkern.WoqLinear`` in float32, ``y = x @
-(w * scales[:, None]).T``, with the weight kept in 8 bits:
+(w * scales[:, None]).T``, with the weight kept in 8 bits (or, for the int4
+peers, as ``qkern.Int4Linear``, with the weight kept in 4 bits: OpenVINO's
+``u4`` weight compression and ``MatMulNBits`` with ``bits = 4``, each with
+a scale and an integer zero point per group):
 
 * **OpenVINO**: an int8 ``Constant`` -> ``Convert`` (f32) -> ``Multiply``
   (per-row scale) -> ``MatMul`` graph, compiled for the CPU with f32
@@ -42,9 +45,23 @@ def available() -> dict:
     return out
 
 
-def _rotating(items: list):
-    cycle = itertools.cycle(items)
-    return lambda: next(cycle)
+class Peer:
+    """``peer(x) -> y`` on the next of several compiled copies, in turn;
+    ``peer.warm(x)`` runs ``x`` once on every copy. A runtime may compile
+    code for each new input shape on a copy's first call with it (OpenVINO
+    does, for 0.1-0.2 s): the benchmark warms every copy with the rows it is
+    about to time, so that no timed call pays for that."""
+
+    def __init__(self, copies: list, run):
+        self._copies, self._run = copies, run
+        self._cycle = itertools.cycle(copies)
+
+    def __call__(self, x):
+        return self._run(next(self._cycle), x)
+
+    def warm(self, x) -> None:
+        for _ in self._copies:
+            self(x)
 
 
 def _openvino_model(w: np.ndarray, scales: np.ndarray, threads: int):
@@ -55,20 +72,64 @@ def _openvino_model(w: np.ndarray, scales: np.ndarray, threads: int):
     x = ops.parameter([-1, k], ov.Type.f32, name="x")
     weight = ops.multiply(ops.convert(ops.constant(w), ov.Type.f32),
                           ops.constant(scales.astype(np.float32).reshape(n, 1)))
-    y = ops.matmul(x, weight, transpose_a=False, transpose_b=True)
+    return _compile_openvino(ops.matmul(x, weight, transpose_a=False, transpose_b=True), x,
+                             threads)
+
+
+def _compile_openvino(y, x, threads: int):
+    import openvino as ov
+
     config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
               "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     return ov.Core().compile_model(ov.Model([y], [x]), "CPU", config)
 
 
-def weight_kept_in_int8(compiled) -> bool:
-    """Whether OpenVINO's compiled model runs its matmul on int8 weights."""
+def _openvino_int4_model(q: np.ndarray, zero_points: np.ndarray, scales: np.ndarray,
+                         threads: int):
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    n, groups, group_size = q.shape
+    x = ops.parameter([-1, groups * group_size], ov.Type.f32, name="x")
+    weight = ops.multiply(
+        ops.subtract(ops.convert(ops.constant(q, dtype=ov.Type.u4), ov.Type.f32),
+                     ops.convert(ops.constant(zero_points[..., None], dtype=ov.Type.u4),
+                                 ov.Type.f32)),
+        ops.constant(scales[..., None].astype(np.float32)))
+    weight = ops.reshape(weight, ops.constant(np.array([n, groups * group_size], np.int64)),
+                         False)
+    return _compile_openvino(ops.matmul(x, weight, transpose_a=False, transpose_b=True), x,
+                             threads)
+
+
+def weight_precision(compiled) -> str | None:
+    """The precision OpenVINO's compiled model runs its matmul's weight in."""
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
         if "layerType" in info and info["layerType"].astype(str) == "FullyConnected":
-            return info["runtimePrecision"].astype(str) == "i8" if "runtimePrecision" in info \
-                else False
-    return False
+            return info["runtimePrecision"].astype(str) if "runtimePrecision" in info else None
+    return None
+
+
+def openvino_int4_peer(q: np.ndarray, zero_points: np.ndarray, scales: np.ndarray,
+                       threads: int, copies: int):
+    """A callable ``f(x) -> y`` running OpenVINO's int4-compressed MatMul,
+    ``W[n, g*G + i] = (q[n, g, i] - zero_points[n, g]) * scales[n, g]``, on
+    the next of ``copies`` compiled models; None when OpenVINO is absent.
+
+    Raises
+    ------
+    RuntimeError
+        If the compiled model does not keep the weight in 4 bits.
+    """
+    if available()["openvino"] is None:
+        return None
+    models = [_openvino_int4_model(q, zero_points, scales, threads) for _ in range(copies)]
+    if weight_precision(models[0]) != "u4":
+        raise RuntimeError("OpenVINO decompressed the int4 weight at compile time: "
+                           "its times would not be of an int4 WoQ matmul")
+    return Peer([m.create_infer_request() for m in models],
+                lambda request, x: request.infer({0: x})[0])
 
 
 def openvino_peer(w: np.ndarray, scales: np.ndarray, threads: int, copies: int):
@@ -83,32 +144,34 @@ def openvino_peer(w: np.ndarray, scales: np.ndarray, threads: int, copies: int):
     if available()["openvino"] is None:
         return None
     models = [_openvino_model(w, scales, threads) for _ in range(copies)]
-    if not weight_kept_in_int8(models[0]):
+    if weight_precision(models[0]) != "i8":
         raise RuntimeError("OpenVINO decompressed the int8 weight at compile time: "
                            "its times would not be of an int8 WoQ matmul")
-    requests = _rotating([m.create_infer_request() for m in models])
-    return lambda x: requests().infer({0: x})[0]
+    return Peer([m.create_infer_request() for m in models],
+                lambda request, x: request.infer({0: x})[0])
 
 
-def _ort_session(w: np.ndarray, scales: np.ndarray, threads: int, accuracy_level: int):
+def _ort_session(blocks: np.ndarray, scales: np.ndarray, zero_points, k: int, bits: int,
+                 block_size: int, threads: int, accuracy_level: int):
+    """A session of one ``MatMulNBits``: ``blocks`` (N, blocks, block bytes)
+    as the operator stores B, f32 ``scales`` (N * blocks), packed uint8
+    ``zero_points`` or None (the operator's default)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    n, k = w.shape
-    blocks = -(-k // ORT_BLOCK)
-    stored = np.full((n, blocks * ORT_BLOCK), 128, np.uint8)  # zero beyond K
-    stored[:, :k] = (w.astype(np.int16) + 128).astype(np.uint8)
-    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain="com.microsoft",
-                            K=k, N=n, bits=8, block_size=ORT_BLOCK,
+    n = blocks.shape[0]
+    inputs = ["A", "B", "scales"] + (["zero_points"] if zero_points is not None else [])
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft",
+                            K=k, N=n, bits=bits, block_size=block_size,
                             accuracy_level=accuracy_level)
+    initializers = [numpy_helper.from_array(blocks, "B"),
+                    numpy_helper.from_array(scales.astype(np.float32).ravel(), "scales")]
+    if zero_points is not None:
+        initializers.append(numpy_helper.from_array(zero_points.ravel(), "zero_points"))
     graph = helper.make_graph(
         [node], "woq", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
-        initializer=[
-            numpy_helper.from_array(stored.reshape(n, blocks, ORT_BLOCK), "B"),
-            numpy_helper.from_array(
-                np.repeat(scales.astype(np.float32)[:, None], blocks, axis=1).ravel(),
-                "scales")])
+        initializer=initializers)
     model = helper.make_model(graph, ir_version=10, opset_imports=[
         helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     options = ort.SessionOptions()
@@ -124,6 +187,34 @@ def onnxruntime_peer(w: np.ndarray, scales: np.ndarray, threads: int, copies: in
     on the next of ``copies`` sessions, or None when ONNX Runtime is absent."""
     if available()["onnxruntime"] is None:
         return None
-    sessions = _rotating([_ort_session(w, scales, threads, accuracy_level)
-                          for _ in range(copies)])
-    return lambda x: sessions().run(None, {"A": x})[0]
+    n, k = w.shape
+    blocks = -(-k // ORT_BLOCK)
+    stored = np.full((n, blocks * ORT_BLOCK), 128, np.uint8)  # zero beyond K
+    stored[:, :k] = (w.astype(np.int16) + 128).astype(np.uint8)
+    block_scales = np.repeat(scales.astype(np.float32)[:, None], blocks, axis=1)
+    return _ort_peer([_ort_session(stored.reshape(n, blocks, ORT_BLOCK), block_scales, None, k,
+                                   8, ORT_BLOCK, threads, accuracy_level)
+                      for _ in range(copies)])
+
+
+def onnxruntime_int4_peer(q: np.ndarray, zero_points: np.ndarray, scales: np.ndarray,
+                          threads: int, copies: int, accuracy_level: int):
+    """A callable ``f(x) -> y`` running ONNX Runtime's ``MatMulNBits`` (bits =
+    4, block = the group) on the weight of :func:`openvino_int4_peer`, on the
+    next of ``copies`` sessions; None when ONNX Runtime is absent. The
+    operator stores two values a byte, the even k in the low nibble, and
+    two zero points a byte, the even group in the low nibble."""
+    if available()["onnxruntime"] is None:
+        return None
+    n, groups, group_size = q.shape
+    blocks = (q[..., 0::2] | q[..., 1::2] << 4).astype(np.uint8)
+    padded = np.zeros((n, groups + groups % 2), np.uint8)
+    padded[:, :groups] = zero_points
+    packed_zero_points = (padded[:, 0::2] | padded[:, 1::2] << 4).astype(np.uint8)
+    return _ort_peer([_ort_session(blocks, scales, packed_zero_points, groups * group_size, 4,
+                                   group_size, threads, accuracy_level)
+                      for _ in range(copies)])
+
+
+def _ort_peer(sessions: list):
+    return Peer(sessions, lambda session, x: session.run(None, {"A": x})[0])

@@ -1,8 +1,10 @@
-"""The int8 WoQ GEMM benchmark, in full: what ``python -m qkern bench`` prints
-(this machine's roofline, Table 1: each kernel against the reference), then
-qkern against NumPy and PyTorch with cold weights (Table 2, ``peers.py``,
-for each thread count), and with ``--torch`` an MLP end to end through
-PyTorch (Table 3, ``mlp.py``). ``make bench`` runs it with ``--quick``;
+"""The WoQ GEMM benchmark, in full: what ``python -m qkern bench`` prints
+(this machine's roofline, Table 1: each kernel against its reference), then
+qkern's int8 GEMM against NumPy, PyTorch and the inference runtimes with
+cold weights (Table 2, ``peers.py``, for each thread count), its int4 GEMM
+against int8 and the int4 peers (Table 4, ``int4_peers.py``, for each
+thread count), and with ``--torch`` an MLP end to end through PyTorch
+(Table 3, ``mlp.py``, printed before Table 4). ``make bench`` runs it with ``--quick``;
 ``docs/figures/`` comes from
 
     python benchmarks/woq_bench.py --threads 1,2 --torch \\
@@ -24,6 +26,7 @@ from qkern.__main__ import add_bench_arguments, output_path
 # The sibling modules, found also where Python leaves the script's folder
 # off sys.path (PYTHONSAFEPATH=1, as under make sanitize).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import int4_peers  # noqa: E402
 import mlp  # noqa: E402
 import peers  # noqa: E402
 import plot  # noqa: E402
@@ -33,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The options of ``python -m qkern bench``, and ``--torch`` and ``--plot``."""
     parser = add_bench_arguments(argparse.ArgumentParser(
         prog="python benchmarks/woq_bench.py",
-        description="Time every kernel, then qkern against NumPy and PyTorch (when "
-                    "installed) on LLM-like shapes with cold weights."))
+        description="Time every kernel, then qkern's int8 and int4 GEMMs against their "
+                    "peers (those installed) on LLM-like shapes with cold weights."))
     parser.add_argument("--torch", action="store_true",
                         help="also time an end-to-end bfloat16 MLP through PyTorch: "
                              "qkern.torch.swap_linears vs torch._weight_int8pack_mm vs dense")
@@ -59,6 +62,8 @@ def main(argv=None) -> int:
     rows += peers.report(threads, args.quick, roof, torch)
     if args.torch:
         rows += mlp.report(threads[-1], torch)
+    int4_torch = torch if hasattr(torch, "_weight_int4pack_mm_for_cpu") else None
+    rows += int4_peers.report(threads, args.quick, roof, int4_torch)
     if args.json:
         bench.write_json(args.json, roof, rows)
     if args.plot:

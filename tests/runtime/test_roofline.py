@@ -131,11 +131,12 @@ def small_bench(monkeypatch):
     woq_bench = load_benchmark("woq_bench")
     peers = woq_bench.peers
     monkeypatch.setattr(peers, "time_call", fast)
+    monkeypatch.setattr(woq_bench.int4_peers, "time_call", fast)
     monkeypatch.setitem(peers._PEER_SHAPES, True, [(48, 64)])
     monkeypatch.setattr(peers, "copies_for_cold", lambda nbytes: 2)
     monkeypatch.setattr(peers, "load_torch", lambda: (None, "left out by the test"))
     yield woq_bench
-    for name in ("woq_bench", "peers", "mlp", "plot"):
+    for name in ("woq_bench", "peers", "int4_peers", "mlp", "plot"):
         sys.modules.pop(name, None)
 
 
@@ -154,19 +155,30 @@ def test_qkern_bench_prints_the_roofline_and_kernels(small_bench, tmp_path, caps
 
 def test_full_benchmark_prints_the_kernels_then_the_peers(small_bench, tmp_path, capsys):
     """benchmarks/woq_bench.py: what python -m qkern bench prints, then a
-    peers table per thread count, every row in the JSON."""
+    peers table and an int4 table per thread count, every row in the JSON."""
     path = tmp_path / "b.json"
     assert small_bench.main(["--quick", "--threads", "1,1", "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "torch: left out by the test" in out and "Weights cold" in out
-    assert out.index("Table 1 - kernels") < out.index("Table 2 - peers") and \
-        out.count("Table 2 - peers, 1 thread(s)") == 2
+    assert out.index("Table 1 - kernels") < out.index("Table 2 - peers") < \
+        out.index("Table 4 - int4") and out.count("Table 2 - peers, 1 thread(s)") == 2 and \
+        out.count("Table 4 - int4 (groups of 128), 1 thread(s)") == 2
     rows = json.loads(path.read_text())["rows"]
     assert f"wrote {len(rows)} rows to {path}" in out
     peers = [r for r in rows if r["table"] == "peers"]
-    assert {r["table"] for r in rows} == {"kernels", "peers"}
-    assert {(r["M"], r["N"], r["K"]) for r in peers} == {(m, 48, 64) for m in (1, 16, 128)}
+    assert {r["table"] for r in rows} == {"kernels", "peers", "int4"}
+    int4 = [r for r in rows if r["table"] == "int4"]
+    assert {(r["M"], r["N"], r["K"]) for r in int4} == {(m, 48, 64) for m in (1, 16, 128)}
+    expected4 = {"qkern int4 bfloat16", "qkern int4 float32", "qkern int8 bfloat16",
+                 "qkern int8 float32"}
     runtimes = runtimes_module().available()
+    if runtimes["openvino"]:
+        expected4.add("openvino u4 MatMul f32")
+    if runtimes["onnxruntime"]:
+        expected4 |= {"onnxruntime MatMulNBits4 acc0", "onnxruntime MatMulNBits4 acc4 (int8 x)"}
+    assert {r["name"] for r in int4} == expected4
+    assert all(r["ratio_vs_int8"] > 0 for r in int4 if r["name"].startswith("qkern int4"))
+    assert {(r["M"], r["N"], r["K"]) for r in peers} == {(m, 48, 64) for m in (1, 16, 128)}
     expected = {"qkern bfloat16", "qkern float16", "qkern float32", "qkern.weight_int8pack_mm",
                 "numpy f32 dequant+matmul"}
     if runtimes["openvino"]:
@@ -246,13 +258,30 @@ def test_runtime_peers_run_the_same_problem():
     runs = []
     if "openvino" in installed:
         runs.append((runtimes.openvino_peer(w, s, 1, 2), 1e-5))
-        assert runtimes.weight_kept_in_int8(runtimes._openvino_model(w, s, 1))
+        assert runtimes.weight_precision(runtimes._openvino_model(w, s, 1)) == "i8"
     if "onnxruntime" in installed:
         runs += [(runtimes.onnxruntime_peer(w, s, 1, 2, 0), 1e-5),
                  (runtimes.onnxruntime_peer(w, s, 1, 2, 4), 2e-2)]
     for run, limit in runs:
         for _ in range(2):  # both copies
             got = np.asarray(run(x), np.float64)
+            assert np.abs(got - want).max() <= limit * np.abs(want).max()
+    # the int4 peers: W = (q - zero point) * scale per group of 64 (an odd count of groups)
+    q = rng.integers(0, 16, (40, 5, 64)).astype(np.uint8)
+    zp = rng.integers(0, 16, (40, 5)).astype(np.uint8)
+    s4 = rng.uniform(0.001, 0.01, (40, 5)).astype(np.float32)
+    x4 = rng.standard_normal((3, 320)).astype(np.float32)
+    want = x4.astype(np.float64) @ ((q - zp[..., None].astype(np.float64))
+                                    * s4[..., None]).reshape(40, 320).T
+    runs = []
+    if "openvino" in installed:
+        runs.append((runtimes.openvino_int4_peer(q, zp, s4, 1, 2), 1e-5))
+    if "onnxruntime" in installed:
+        runs += [(runtimes.onnxruntime_int4_peer(q, zp, s4, 1, 2, 0), 1e-5),
+                 (runtimes.onnxruntime_int4_peer(q, zp, s4, 1, 2, 4), 2e-2)]
+    for run, limit in runs:
+        for _ in range(2):
+            got = np.asarray(run(x4), np.float64)
             assert np.abs(got - want).max() <= limit * np.abs(want).max()
 
 
@@ -264,3 +293,11 @@ def test_a_peer_that_computes_another_problem_is_refused(monkeypatch):
     prob = peers._Problem(np.random.default_rng(0), 40, 64, 4, None)
     with pytest.raises(RuntimeError, match="openvino.*not the same problem"):
         prob.calls(3, 1, False)
+    int4_peers = load_benchmark("int4_peers")
+    monkeypatch.setattr(int4_peers.peers, "copies_for_cold", lambda nbytes: 2)
+    monkeypatch.setattr(int4_peers.runtimes, "onnxruntime_int4_peer",
+                        lambda q, zp, s, threads, copies, level: lambda x: np.ones(
+                            (len(x), len(q)), np.float32))
+    prob4 = int4_peers._Int4Problem(np.random.default_rng(0), 40, 64, 4, None)
+    with pytest.raises(RuntimeError, match="onnxruntime.*not the same problem"):
+        prob4.calls(3, 1)
