@@ -14,7 +14,8 @@
  * z' = fma(-8, s, z) read from scales_and_zeros in y's dtype (acc lives
  * in L1 between groups).  The body is specialised for each mr in 1..6, so
  * no FMA is spent on a missing row; one row runs four halves (two panels)
- * at once, so that eight independent FMA chains hide the FMA latency.
+ * at once, so that eight independent FMA chains hide the FMA latency
+ * (a chunk's last single panel: two halves, four chains).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -138,9 +139,14 @@ QK_INLINE void qb4w_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t k
   for (size_t i = 0; i < MR; i++) cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
   const size_t halves = (nc + 31) / 32 * 2;
   size_t h = 0;
-  if (MR == 1) /* four halves (two panels) at a time: eight independent sums */
+  if (MR == 1) { /* four halves (two panels) at a time: eight independent sums */
     for (; h + 4 <= halves; h += 4)
       qb4w_halves(1, 4, DT, h, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
+    if (h + 2 <= halves) { /* a last single panel (the only one of a chunk at large K) */
+      qb4w_halves(1, 2, DT, h, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
+      h += 2;
+    }
+  }
   for (; h < halves; h++)
     qb4w_halves(MR, 1, DT, h, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
 }
