@@ -207,9 +207,10 @@ def tune_lines(results: list, exhaustive: list | None = None, ratios: list | Non
     list of str
     """
     rows = []
-    for i, ((dtype, m, n, k, threads), c) in enumerate(results):
+    for i, ((dtype, m, n, k, threads, group_size), c) in enumerate(results):
         b = c.blocking
-        row = (dtype, str(m), str(n), str(k), str(threads), c.static_kernel,
+        row = (dtype, f"int4 g{group_size}" if group_size else "int8", str(m), str(n), str(k),
+               str(threads), c.static_kernel,
                f"{c.static_seconds * 1e3:.3f}", c.kernel,
                f"rows={b.rows} chunk={b.chunk_bytes >> 10}K split={b.split}"
                + (f" k_block={b.k_block}" if b.k_block else ""), str(c.threads),
@@ -221,7 +222,8 @@ def tune_lines(results: list, exhaustive: list | None = None, ratios: list | Non
                     f"chunk={best.blocking.chunk_bytes >> 10}K split={best.blocking.split} "
                     f"thr={best.threads}", f"{ratios[i]:.3f}")
         rows.append(row)
-    header = ("dtype", "M", "N", "K", "thr", "static kernel", "static ms", "tuned kernel",
+    header = ("dtype", "weight", "M", "N", "K", "thr", "static kernel", "static ms",
+              "tuned kernel",
               "blocking", "thr", "tuned ms", "gain", "cands", "tune s")
     if exhaustive is not None:
         header += ("sweep's best", "tuned / best")
@@ -287,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
                              metavar="D[,D...]", help="activation dtypes")
     tune_parser.add_argument("--threads", type=_thread_list, metavar="N[,N...]",
                              help="thread counts (default: the count a call uses, OpenMP's)")
+    tune_parser.add_argument("--int4-group", type=int, default=0, metavar="G",
+                             choices=(0, 32, 64, 128, 256),
+                             help="tune int4 weights in groups of G (qkern.Int4Linear) instead "
+                                  "of int8")
     tune_parser.add_argument("--exhaustive", action="store_true",
                              help="also time every candidate of the search space, and show the "
                                   "tuned choice's time over the sweep's best")
@@ -312,10 +318,12 @@ def main(argv=None) -> int:
     elif args.command == "tune":
         shapes = [(m, n, k) for n, k in args.shapes for m in args.m]
         threads = args.threads  # None: the count a call would use (qkern.tune)
-        results = qkern.tune(shapes, args.dtypes, threads, progress=True)
+        group = args.int4_group
+        results = qkern.tune(shapes, args.dtypes, threads, progress=True, group_size=group)
         sweep = ratios = None
         if args.exhaustive:
-            sweep = qkern.tune(shapes, args.dtypes, threads, exhaustive=True, progress=True)
+            sweep = qkern.tune(shapes, args.dtypes, threads, exhaustive=True, progress=True,
+                               group_size=group)
             ratios = [tuning.compare(key, c, best) for (key, c), (_, best) in zip(results, sweep)]
         print(f"tuning file: {tuning.cache_path()}")
         print("\n".join(tune_lines(results, sweep, ratios)))

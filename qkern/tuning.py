@@ -2,7 +2,8 @@
 threads) among the candidates that compute it correctly.
 
 A **candidate** is a registry kernel that this process may run and that
-reads the layer's packed layout, a :class:`~qkern.dispatch.Blocking`, and a
+reads the layer's packed layout (int8, or the int4 layout of a
+:class:`~qkern.Int4Linear`), a :class:`~qkern.dispatch.Blocking`, and a
 thread count no larger than the call's. The search starts from the static
 rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
@@ -11,9 +12,10 @@ split, the chunk size, the rows per task and, for K-block kernels, the K
 block. Each candidate:
 
 1. is **verified** once, on the tuning input, before it may win: the input
-   holds small integers (x in {-1, 0, 1}, scales 2**-6), so every product
-   and sum is exact in float32 and every correct kernel returns the same
-   bits as the exact product rounded once; a candidate that differs is
+   holds small integers (x in {-1, 0, 1}, scales 2**-6; int4 zeros are
+   whole multiples of the scale), so every product and sum is exact in
+   float32 and every correct kernel returns the same bits as the exact
+   product rounded once; a candidate that differs is
    dropped with a :class:`RuntimeWarning` (a kernel or blocking bug, never
    a rounding difference);
 2. is **timed** on two inputs in turn, a median of up to 3 calls after one
@@ -35,8 +37,9 @@ speed on the slice stands for its speed on the whole.
 
 Results are kept per key: the CPU signature (vendor, family, model, ISA
 features, L2 and L3 sizes), the qkern version, dtype, M bucket (M itself up
-to 16, then the next power of two), N, K, threads, packed layout and ISA
-cap; in memory for the process, and in ``tune.json`` under the user cache
+to 16, then the next power of two), N, K, threads, packed layout, weight
+(``int8``, or ``int4g<G>`` for int4 in groups of G) and ISA cap; in memory
+for the process, and in ``tune.json`` under the user cache
 directory (``QKERN_CACHE_DIR``, else ``platformdirs.user_cache_dir("qkern")``
 where installed, else ``$XDG_CACHE_HOME/qkern`` or ``~/.cache/qkern``),
 each entry with its CPU signature and version, written under a file lock
@@ -46,7 +49,7 @@ CPU and version, is ignored with one warning.
 
 ``QKERN_AUTOTUNE`` (read at import): ``0`` (the default) leaves every call
 to the static rule; ``1`` tunes each new key on its first use by a
-:class:`~qkern.WoqLinear` (up to about half a second per key on two
+:class:`~qkern.WoqLinear` or :class:`~qkern.Int4Linear` (up to about half a second per key on two
 cores, once per CPU thanks to the file). :func:`tune` and ``python -m qkern
 tune`` tune ahead of time.
 
@@ -81,7 +84,7 @@ from qkern.dispatch import Blocking, Kernel
 __all__ = ["Choice", "autotune_enabled", "cache_path", "choice_for", "clear", "compare",
            "cpu_signature", "m_bucket", "tune"]
 
-FILE_FORMAT = 1
+FILE_FORMAT = 2
 # Tuning problem size: at most this many rows, and columns for about this
 # many multiply-adds per call, but never fewer than four chunks of the
 # largest chunk size per thread.
@@ -248,7 +251,7 @@ class _Store:
             return []
         data = json.loads(text)  # UnicodeDecodeError and JSONDecodeError: ValueError
         if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
-            raise ValueError("not a qkern tuning file of format 1")
+            raise ValueError(f"not a qkern tuning file of format {FILE_FORMAT}")
         entries = data.get("entries")
         if not isinstance(entries, list) or not all(
                 isinstance(e, dict) and {"cpu", "qkern", "key", "choice"} <= e.keys()
@@ -345,10 +348,16 @@ def clear() -> None:
     _STORE.clear()
 
 
-def _key(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple) -> tuple:
-    """(dtype, M bucket, N, K, threads, nr, kr, ISA cap): plain str and ints."""
+def _weight(group_size: int) -> str:
+    """The weight part of a key: ``int8``, or ``int4g<G>``."""
+    return f"int4g{group_size}" if group_size else "int8"
+
+
+def _key(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
+         group_size: int = 0) -> tuple:
+    """(dtype, M bucket, N, K, threads, nr, kr, weight, ISA cap): plain str and ints."""
     return (dtype, m_bucket(int(m)), int(n), int(k), int(threads), int(layout[0]),
-            int(layout[1]), dispatch.ISA_CAP)
+            int(layout[1]), _weight(group_size), dispatch.ISA_CAP)
 
 
 def _own_entry_to_replace(old: dict, new: dict) -> bool:
@@ -364,8 +373,8 @@ def _own_entry_to_replace(old: dict, new: dict) -> bool:
 
 def _checked_key(raw) -> tuple:
     """A key read from the file, ValueError unless shaped like :func:`_key`'s."""
-    if (not isinstance(raw, list) or len(raw) != 8 or not isinstance(raw[0], str)
-            or not isinstance(raw[7], str)
+    if (not isinstance(raw, list) or len(raw) != 9 or not isinstance(raw[0], str)
+            or not all(isinstance(v, str) for v in raw[7:])
             or not all(type(v) is int for v in raw[1:7])):
         raise ValueError(f"malformed key {raw!r}")
     return tuple(raw)
@@ -377,7 +386,8 @@ def _usable(choice: Choice, key: tuple) -> bool:
         kern = dispatch.get_kernel(choice.kernel)  # unknown, or above the ISA cap: ValueError
     except ValueError:
         return False
-    if key[0] not in kern.dtypes:
+    if key[0] not in kern.dtypes or (kern.weight_format == dispatch.INT4) != \
+            key[7].startswith("int4"):
         return False
     if tuple(key[5:7]) != kern.layout or type(choice.threads) is not int \
             or not 1 <= choice.threads <= key[4]:
@@ -400,34 +410,53 @@ class _Candidate:
 
 
 class _Problem:
-    """The tuning input of one key: exact data, its exact result, packed."""
+    """The tuning input of one key: exact data, its exact result, packed
+    (int8, or int4 in groups of ``group_size`` when that is not 0)."""
 
-    def __init__(self, dtype: str, m: int, n: int, k: int, threads: int, layout: tuple):
-        from qkern.packing import PackedWeight
-        from qkern.woq import _padded_f32
-
+    def __init__(self, dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
+                 group_size: int = 0):
         self.dtype = DTYPES[dtype]
         self.m = min(m_bucket(m), MAX_ROWS)
         nr = layout[0]
-        panels_per_chunk = max(1, max(CHUNK_BYTES) // max(k * nr, 1))
+        weight_bytes = k // 2 if group_size else k  # per column
+        panels_per_chunk = max(1, max(CHUNK_BYTES) // max(weight_bytes * nr, 1))
         cols = max(4 * threads * panels_per_chunk * nr,
-                   min(int(TARGET_MACS / max(self.m * k, 1)), MAX_WEIGHT_BYTES // max(k, 1)))
+                   min(int(TARGET_MACS / max(self.m * k, 1)),
+                       MAX_WEIGHT_BYTES // max(weight_bytes, 1)))
         self.n = min(n, -(-cols // nr) * nr)
-        self.k = k
+        self.k, self.layout, self.group_size = k, layout, group_size
         rng = np.random.default_rng(0)
-        w = np.frombuffer(rng.bytes(self.n * k), np.int8).reshape(self.n, k)
         xi = rng.integers(-1, 2, (2, self.m, k)).astype(np.int64)
         xi[..., 1 << 16:] = 0  # keeps every sum below 2**23: exact in float32
         self.x = [a.astype(np.float32).astype(self.dtype) for a in xi]
-        scale = np.float32(2.0 ** -6)
-        # float64 holds every product and sum exactly (|sum| < 2**24)
-        exact = (xi[0].astype(np.float64) @ w.T.astype(np.float64)) * float(scale)
+        scale = 2.0 ** -6
+        # float64 holds every product and sum exactly (|sum| < 2**24), and
+        # so do the kernels' float32 steps: multiples of 2**-6 below 2**18
+        if group_size:
+            q = rng.integers(0, 16, (self.n, k), dtype=np.uint8)
+            zero_points = rng.integers(0, 16, (k // group_size, self.n))
+            self.sz = np.stack([np.full(zero_points.shape, scale), scale * (8 - zero_points)],
+                               axis=-1).astype(self.dtype)
+            w = q.astype(np.float64) - np.repeat(zero_points.T, group_size, axis=1)
+            from qkern.woq_int4 import pack_int4
+
+            self.packed = pack_int4(q)
+        else:
+            from qkern.packing import PackedWeight
+            from qkern.woq import _padded_f32
+
+            w = np.frombuffer(rng.bytes(self.n * k), np.int8).reshape(self.n, k)
+            self.packed = PackedWeight(w, layout)
+            self.scale_f32 = _padded_f32(np.full(self.n, scale, np.float32), layout[0])
+        exact = (xi[0].astype(np.float64) @ w.T.astype(np.float64)) * scale
         self.want = exact.astype(np.float32).astype(self.dtype).view(np.uint8)
-        self.layout = layout
-        self.packed = PackedWeight(w, layout)
-        self.scale_f32 = _padded_f32(np.full(self.n, scale, np.float32), layout[0])
 
     def run(self, cand: _Candidate, x: np.ndarray) -> np.ndarray:
+        if self.group_size:
+            from qkern import woq_int4
+
+            return woq_int4._run(cand.kernel, x, self.packed, self.n, self.k, self.group_size,
+                                 self.sz, None, None, cand.threads, (), cand.blocking)
         from qkern.woq import _run
 
         return _run(cand.kernel, x, self.packed.data, self.layout, self.n, self.k,
@@ -518,26 +547,27 @@ def _thread_counts(threads: int) -> list:
     return sorted(counts, reverse=True)
 
 
-def _kernels(dtype: str, layout: tuple, isa: str) -> list:
+def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:
     """The candidate kernels: those of the static choice's ISA level (whose
-    kernels give a row the same bits) that read ``layout``."""
+    kernels give a row the same bits) that read ``layout`` in ``weight_format``."""
     return [k for k in dispatch.REGISTRY
             if k.available and dtype in k.dtypes and k.isa == isa
-            and k.weight_format == dispatch.INT8 and k.layout == tuple(layout)
+            and k.weight_format == weight_format and k.layout == tuple(layout)
             and k.kind != "unpacked"]
 
 
 def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
-          exhaustive: bool = False) -> Choice:
+          exhaustive: bool = False, group_size: int = 0) -> Choice:
     start = time.perf_counter()
-    problem = _Problem(dtype, m, n, k, threads, layout)
+    problem = _Problem(dtype, m, n, k, threads, layout, group_size)
     search = _Search(problem)
-    static_kern = dispatch.choose_kernel(problem.dtype, m, layout)
+    weight_format = dispatch.INT4 if group_size else dispatch.INT8
+    static_kern = dispatch.choose_kernel(problem.dtype, m, layout, weight_format=weight_format)
     static = _Candidate(static_kern, static_kern.blocking, threads)
     search.warm_up(static)
     search.time(static)
     if exhaustive:
-        for kern in _kernels(dtype, layout, static_kern.isa):
+        for kern in _kernels(dtype, layout, static_kern.isa, weight_format):
             dims = [_blockings(kern, kern.blocking, d) or [kern.blocking]
                     for d in ("split", "chunk_bytes", "rows", "k_block")]
             for split, chunk, rows, kb in itertools.product(*dims):
@@ -546,7 +576,7 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
                 search.improve(_Candidate(kern, blocking, t) for t in _thread_counts(threads))
     else:
         search.improve(_Candidate(kern, kern.blocking, threads)
-                       for kern in _kernels(dtype, layout, static_kern.isa))
+                       for kern in _kernels(dtype, layout, static_kern.isa, weight_format))
         if search.best is not None:
             best = search.best
             search.improve(replace(best, threads=t) for t in _thread_counts(threads))
@@ -570,17 +600,26 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
 
 def compare(key: tuple, a: Choice, b: Choice) -> float:
     """``a``'s time over ``b``'s on the tuning problem of ``key`` (``(dtype,
-    M, N, K, threads)``, as :func:`tune` returns it), timed side by side."""
-    dtype, m, n, k, threads = key
-    layout = dispatch.choose_layout(DTYPES[dtype])
-    search = _Search(_Problem(dtype, m, n, k, threads, layout))
+    M, N, K, threads, group_size)``, as :func:`tune` returns it), timed side
+    by side."""
+    dtype, m, n, k, threads, group_size = key
+    layout = _layout(dtype, group_size)
+    search = _Search(_Problem(dtype, m, n, k, threads, layout, group_size))
     ca, cb = (_Candidate(dispatch.get_kernel(c.kernel), c.blocking, c.threads) for c in (a, b))
     search.warm_up(ca)
     ta, tb = search.side_by_side(ca, cb)
     return ta / tb
 
 
-def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None = None) -> Choice:
+def _layout(dtype: str, group_size: int) -> tuple:
+    """The layout a layer of ``dtype`` packs: an int8 layer's, or the int4 layout."""
+    if group_size:
+        return next(k.layout for k in dispatch.REGISTRY if k.weight_format == dispatch.INT4)
+    return dispatch.choose_layout(DTYPES[dtype])
+
+
+def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None = None,
+               group_size: int = 0) -> Choice:
     """The tuned choice for a key: from memory, else the file, else tuned now
     (and saved). Threads missing on one key tune it once.
 
@@ -594,21 +633,23 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
         The call's thread count (after :func:`qkern.woq` caps it).
     layout : tuple, optional
         The packed layout of the weight; default: the one a layer of this
-        dtype packs (:func:`qkern.dispatch.choose_layout`).
+        dtype packs (:func:`qkern.dispatch.choose_layout`, or the int4 layout).
+    group_size : int
+        0 for an int8 weight; else int4 in groups of this many k.
 
     Returns
     -------
     Choice
     """
     name = dtype_name(dtype)
-    layout = tuple(layout) if layout is not None else dispatch.choose_layout(DTYPES[name])
-    key = _key(name, m, n, k, threads, layout)
+    layout = tuple(layout) if layout is not None else _layout(name, group_size)
+    key = _key(name, m, n, k, threads, layout, group_size)
 
     def build():
         found = _STORE.lookup_file(key)
         if found is not None:
             return found
-        choice = _tune(name, m, n, k, threads, layout)
+        choice = _tune(name, m, n, k, threads, layout, group_size=group_size)
         _STORE.save(key, choice)
         return choice
 
@@ -616,7 +657,7 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
 
 
 def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bool = False,
-         progress: bool = False) -> list:
+         progress: bool = False, group_size: int = 0) -> list:
     """Tune ahead of time: every (M, N, K) of ``shapes`` for every dtype and
     thread count, kept in memory and in the file.
 
@@ -634,12 +675,20 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
         comparison; the result is not stored.
     progress : bool
         Show a progress bar (needs tqdm; ignored without it).
+    group_size : int
+        0 (the default) for int8 weights; else int4 weights in groups of
+        this many k (32, 64, 128 or 256; :class:`qkern.Int4Linear`).
 
     Returns
     -------
     list of (key, Choice)
-        ``key`` is ``(dtype, M, N, K, threads)``.
+        ``key`` is ``(dtype, M, N, K, threads, group_size)``.
     """
+    from qkern.woq_int4 import GROUP_SIZES
+
+    if group_size not in (0,) + GROUP_SIZES:
+        raise ValueError(f"group_size: expected 0 (int8) or one of {GROUP_SIZES}, "
+                         f"got {group_size!r}")
     # the counts calls will ask with: capped at the processors, as calls are
     threads = [_cpu.threads_for_call(int(t)) for t in (threads or [0])]
     jobs = [(dtype_name(DTYPES[d]), int(m), int(n), int(k), t)
@@ -655,11 +704,11 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     out = []
     for dtype, m, n, k, t in jobs:
         if exhaustive:
-            layout = dispatch.choose_layout(DTYPES[dtype])
-            choice = _tune(dtype, m, n, k, t, layout, exhaustive=True)
+            choice = _tune(dtype, m, n, k, t, _layout(dtype, group_size), exhaustive=True,
+                           group_size=group_size)
         else:
-            choice = choice_for(dtype, m, n, k, t)
-        out.append(((dtype, m, n, k, t), choice))
+            choice = choice_for(dtype, m, n, k, t, group_size=group_size)
+        out.append(((dtype, m, n, k, t, group_size), choice))
         if bar is not None:
             bar.update(1)
     if bar is not None:

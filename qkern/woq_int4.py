@@ -13,11 +13,11 @@ import math
 
 import numpy as np
 
-from qkern import _woq
+from qkern import _cpu, _woq, tuning
 from qkern._dtypes import dtype_name
-from qkern.dispatch import INT4, Kernel, choose_kernel, get_kernel
+from qkern.dispatch import INT4, Blocking, Kernel, choose_kernel, get_kernel
 from qkern.packing import aligned_empty
-from qkern.woq import _check_array, _check_vector, _padded_f32, _read_only, run_rows
+from qkern.woq import _check_array, _check_threads, _check_vector, _padded_f32, _read_only, run_rows
 
 __all__ = ["GROUP_SIZES", "Int4Linear", "pack_int4", "quantize_int4", "unpack_int4",
            "weight_int4pack_mm"]
@@ -184,14 +184,15 @@ def _check_scales_and_zeros(sz, k: int, group_size: int, dtype) -> np.ndarray:
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, group_size: int, sz, bias_f32, out,
-         num_threads, inputs: tuple):
-    """Run int4 kernel ``kern`` over x (checked against (n, k)); the output array."""
+         num_threads, inputs: tuple, blocking: Blocking | None = None):
+    """Run int4 kernel ``kern`` over x (checked against (n, k)), cut as
+    ``blocking`` says or by its default; the output array."""
 
     def launch(xs, rows, code, x_stride, offsets, y, y_stride, threads, cut):
         _woq.gemm_int4(kern.index, xs, rows, n, k, group_size, code, x_stride, offsets,
                        w_packed.reshape(-1), sz, bias_f32, y, y_stride, threads, cut)
 
-    return run_rows(kern, x, n, k, out, num_threads, inputs, None, launch)
+    return run_rows(kern, x, n, k, out, num_threads, inputs, blocking, launch)
 
 
 def weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros, *, bias=None, out=None,
@@ -351,9 +352,23 @@ class Int4Linear:
         """The ``(N, K)`` uint8 values 0..15, unpacked (a new array)."""
         return unpack_int4(self._packed, self._shape[0])
 
-    def kernel_for(self, m: int) -> Kernel:
-        """The kernel a call with ``m`` rows of activations runs."""
-        return self._forced or choose_kernel(self.dtype, m, weight_format=INT4)
+    def kernel_for(self, m: int, num_threads=None) -> Kernel:
+        """The kernel a call with ``m`` rows of activations (and
+        ``num_threads``) runs: the forced one, else the tuned one under
+        ``QKERN_AUTOTUNE=1`` (:mod:`qkern.tuning`), else the static rule's."""
+        return self._plan(m, num_threads)[0]
+
+    def _plan(self, m: int, num_threads) -> tuple:
+        """``(kernel, blocking, num_threads)`` of a call with ``m`` rows."""
+        if self._forced is not None:
+            return self._forced, None, num_threads
+        if tuning.autotune_enabled() and m > 0:
+            threads = _cpu.threads_for_call(_check_threads(num_threads))
+            n, k = self._shape
+            choice = tuning.choice_for(self.dtype, m, n, k, threads,
+                                       group_size=self.group_size)
+            return get_kernel(choice.kernel), choice.blocking, choice.threads
+        return choose_kernel(self.dtype, m, weight_format=INT4), None, num_threads
 
     def __call__(self, x, *, out=None, num_threads=None):
         """Apply the layer to ``x`` of shape ``(..., K)`` and dtype :attr:`dtype`;
@@ -364,8 +379,9 @@ class Int4Linear:
                             f"got {x.dtype}")
         m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self._shape
-        return _run(self.kernel_for(m), x, self._packed, n, k, self.group_size, self._sz,
-                    self._bias_f32, out, num_threads, ())
+        kern, blocking, num_threads = self._plan(m, num_threads)
+        return _run(kern, x, self._packed, n, k, self.group_size, self._sz, self._bias_f32,
+                    out, num_threads, (), blocking)
 
     def __getstate__(self) -> dict:
         """The layer as pickled: packed weight, group size, scales and zeros, bias, kernel."""

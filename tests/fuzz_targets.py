@@ -475,7 +475,7 @@ def fuzz_woq_linear(data: bytes):
 CLI_WORDS = ("info", "bench", "tune", "tunes", "--quick", "--threads", "--json", "--plot",
              "--torch", "-h", "--help", "1,2", "2,0", "--shapes", "4096x4096", "64x0", "8x8x8",
              "x", "--m", "--dtypes", "bfloat16", "float32,float16", "float64", ",",
-             "--exhaustive",
+             "--exhaustive", "--int4-group", "128", "48",
              "--", "-", "=", "0", "1", "-1", "64", "1e3", "0x10", " 7", "\x00", "\u00e9",
              "/", ".", "..", "/nonexistent/dir/f.json", "out.json", "--threads=2",
              "--json=/", "--qui", "--thr", "\udcff")
@@ -518,8 +518,8 @@ def check_cli_args(argv: list):
 
 
 def _check_tune_args(argv: list, args) -> None:
-    """``tune``'s options hold what they promise: (N, K) pairs, M counts and
-    dtypes qkern accepts."""
+    """``tune``'s options hold what they promise: (N, K) pairs, M counts,
+    dtypes and an int4 group size qkern accepts."""
     def positive(v):
         return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
@@ -531,6 +531,8 @@ def _check_tune_args(argv: list, args) -> None:
         raise Finding(f"argv {argv!r}: --dtypes {args.dtypes!r} accepted")
     if not isinstance(args.exhaustive, bool):
         raise Finding(f"argv {argv!r}: --exhaustive {args.exhaustive!r}")
+    if args.int4_group not in (0, 32, 64, 128, 256):
+        raise Finding(f"argv {argv!r}: --int4-group {args.int4_group!r} accepted")
 
 
 def fuzz_qconv2d(data: bytes):

@@ -119,7 +119,7 @@ def test_another_isa_cap_is_another_key(cache_dir, monkeypatch):
     calls = _count_tunings(monkeypatch)
     _choice()
     assert len(calls) == 1
-    caps = sorted(e["key"][7] for e in json.loads((cache_dir / "tune.json").read_text())
+    caps = sorted(e["key"][8] for e in json.loads((cache_dir / "tune.json").read_text())
                   ["entries"])
     assert caps == sorted(["another-cap", mine])
 
@@ -161,16 +161,18 @@ def test_two_threads_tune_one_key_once(monkeypatch):
     assert len(calls) == 1 and got[0] == got[1]
 
 
+def _corrupt_split_n(cand, y):
+    """A verification hook: one element of every split-"n" candidate's output off by one."""
+    if cand.blocking.split == "n":
+        y = y.copy()
+        y.flat[0] += 1
+    return y
+
+
 def test_a_wrong_candidate_is_dropped(monkeypatch):
     """The test-only hook corrupts one element of every split-"n" candidate's
     verification output: none of them may win, each is reported."""
-    def corrupt(cand, y):
-        if cand.blocking.split == "n":
-            y = y.copy()
-            y.flat[7] += 1
-        return y
-
-    monkeypatch.setattr(tuning, "_verify_hook", corrupt)
+    monkeypatch.setattr(tuning, "_verify_hook", _corrupt_split_n)
     with pytest.warns(RuntimeWarning, match="wrong results on the tuning input: dropped"):
         choice = _choice()
     assert choice.blocking.split == "m"
@@ -220,3 +222,44 @@ def test_cli_tune_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert "tuned kernel" in out and "gain" in out and "tuning time per key" in out
     assert len([line for line in out.splitlines() if line.startswith("float32")]) == 2
+
+
+def test_int4_layers_tune_their_own_keys(cache_dir, monkeypatch):
+    """An Int4Linear under QKERN_AUTOTUNE=1 tunes an int4 key (its own kernels,
+    verified on an exact int4 input), apart from the int8 key of the shape,
+    and its result is the bits of the chosen kernel forced."""
+    rng = np.random.default_rng(2)
+    m, n, k = SHAPE[0], SHAPE[1], 128
+    layer = qkern.Int4Linear.from_float(rng.standard_normal((n, k)).astype(np.float32), 64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    untuned = layer(x, num_threads=1)
+    verified = []
+    monkeypatch.setattr(tuning, "_verify_hook", lambda cand, y: verified.append(cand) or y)
+    monkeypatch.setattr(tuning, "_ENV", "1")
+    tuned = layer(x, num_threads=1)
+    choice = tuning.choice_for(np.dtype(np.float32), m, n, k, 1, group_size=64)
+    kern = qkern.dispatch.get_kernel(choice.kernel)
+    assert kern.weight_format == qkern.dispatch.INT4 and verified
+    assert all(c.kernel.weight_format == qkern.dispatch.INT4 for c in verified)
+    assert layer.kernel_for(m, num_threads=1).name == choice.kernel
+    assert np.array_equal(tuned.view(np.uint8), untuned.view(np.uint8))  # one order of sums
+    tuning.choice_for(np.dtype(np.float32), m, n, k, 1)  # the int8 key of the shape
+    weights = sorted(e["key"][7] for e in json.loads((cache_dir / "tune.json").read_text())
+                     ["entries"])
+    assert weights == ["int4g64", "int8"]
+
+
+def test_a_wrong_int4_candidate_is_dropped(monkeypatch):
+    monkeypatch.setattr(tuning, "_verify_hook", _corrupt_split_n)
+    with pytest.warns(RuntimeWarning, match="split='n'.*dropped"):
+        choice = tuning.choice_for(np.dtype(np.float32), 3, 96, 128, 1, group_size=32)
+    assert choice.blocking.split == "m"
+
+
+def test_cli_tunes_int4(capsys):
+    assert main(["tune", "--shapes", "96x128", "--m", "1", "--dtypes", "float32",
+                 "--threads", "1", "--int4-group", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "int4 g32" in out and "f32_qb4w_gemm" in out
+    with pytest.raises(ValueError, match="group_size: expected 0"):
+        qkern.tune([(1, 96, 128)], group_size=48)
