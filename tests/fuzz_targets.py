@@ -42,7 +42,8 @@ import numpy as np
 
 import qkern
 from qkern.__main__ import build_parser
-from reference import BF16, DTYPES, assert_woq_close
+from qkern.woq_int4 import GROUP_SIZES
+from reference import BF16, DTYPES, assert_int4_close, assert_woq_close
 
 F16 = np.dtype(np.float16)
 BAD_DTYPES = tuple(np.dtype(d) for d in
@@ -257,6 +258,8 @@ def param_refusals(w, scales, bias, kernel) -> list:
         accepts = dtype not in DTYPES or dtype.name in getattr(kern, "dtypes", ())
         if kern is None or not kern.available or not accepts:
             bad.append(f"kernel {kernel} cannot run here with dtype {dtype}")
+        elif kern.weight_format != "int8_per_channel":
+            bad.append(f"kernel {kernel} reads {kern.weight_format} weights")
     return bad
 
 
@@ -421,14 +424,17 @@ class WoqCall:
         y_d = y[distinct]
         if not _same_bits(np.broadcast_to(y_d, y.shape), y):
             raise Finding("equal rows of x gave different rows of y")
-        daz = any(k.available and k.flushes_subnormals and x.dtype.name in k.dtypes
-                  for k in qkern.kernels())
+        rows = y_d.size // self.n
         try:
-            rows = y_d.size // self.n
-            assert_woq_close(y_d.reshape(rows, self.n), x[distinct].reshape(rows, self.k), self.w,
-                             self.scales, self.bias, daz=daz)
+            self.assert_close(y_d.reshape(rows, self.n), x[distinct].reshape(rows, self.k))
         except AssertionError as e:
             raise Finding(f"result outside the reference bound: {e}") from e
+
+    def assert_close(self, y: np.ndarray, x: np.ndarray):
+        """y (rows, N) against the reference of x (rows, K), within its bound."""
+        daz = any(k.available and k.flushes_subnormals and x.dtype.name in k.dtypes
+                  for k in qkern.kernels())
+        assert_woq_close(y, x, self.w, self.scales, self.bias, daz=daz)
 
 
 def fuzz_weight_int8pack_mm(data: bytes):
@@ -602,8 +608,104 @@ def fuzz_qconv2d(data: bytes):
         raise Finding("out= given but another array returned")
 
 
+class Int4Call(WoqCall):
+    """One drawn int4 WoQ GEMM problem (x, packed weight, group size,
+    scales_and_zeros, bias), each part sometimes wrong; x finite."""
+
+    def __init__(self, draw: Draw):
+        self.draw = d = draw
+        self.bufs = Buffers()
+        dtype = d.pick(DTYPES)
+        self.group_size = d.pick((16, 48, 0, 33)) if d.chance(10) else d.pick(GROUP_SIZES)
+        unit = self.group_size if self.group_size in GROUP_SIZES else 32
+        k = max(unit * d.int(0, 3) + (d.pick((-1, 1, 16)) if d.chance(10) else 0), 0)
+        n = d.pick((d.int(0, 40), d.int(0, 100), d.pick((1, 15, 16, 17, 31, 32, 33, 64))))
+        self.n, self.k = n, k
+        lead = tuple(d.int(0, 6) for _ in range(d.pick((0, 1, 1, 1, 2))))
+        distinct = tuple(1 if d.chance(5) else m for m in lead)
+        rng = d.rng()
+        x = (rng.standard_normal(distinct + (k,)) * 2.0 ** d.int(-10, 6)).astype(dtype)
+        if d.chance(16):
+            x = x.astype(d.pick(BAD_DTYPES))
+        self.x = _place(d, self.bufs, x, lead + (k,))
+        self.q = rng.integers(0, 16, (n, k), dtype=np.uint8)
+        packed = qkern.pack_int4(self.q)
+        if d.chance(20):
+            packed = qkern.pack_int4(rng.integers(0, 16, (n + 64, k), dtype=np.uint8))
+        if d.chance(20):
+            packed = packed.view(np.int8)
+        if d.chance(4):  # laid out as drawn: mostly not C-contiguous, refused
+            self.w_packed = _place(d, self.bufs, packed, packed.shape)
+        else:
+            self.w_packed = self.bufs.array(packed.shape, packed.dtype, packed.strides, 0)
+            self.w_packed[...] = packed
+        groups = k // unit
+        scales = rng.uniform(0.5, 1.0, (groups, n)) * 2.0 ** d.int(-8, 0)
+        sz = np.stack([scales, rng.standard_normal((groups, n)) * scales], axis=-1)
+        if d.chance(20):
+            sz = sz[:, :max(n - 1, 0)] if d.chance(2) else sz[1:]
+        # one column fewer is still a valid call when the panels hold it
+        self.n = sz.shape[1]
+        self.q = self.q[:self.n]
+        sz = sz.astype(d.pick(DTYPES) if d.chance(20) else dtype)
+        self.sz = _place(d, self.bufs, sz, sz.shape)
+        self.bias = self._vector(dtype, d.int(-4, 8)) if d.chance(2) else None
+        if self.bias is not None and (self.bias.dtype.kind == "f" or self.bias.dtype == BF16):
+            finite = self.bias.astype(np.float32)  # finite, as x, for the bound
+            finite[~np.isfinite(finite)] = 0
+            self.bias[...] = np.clip(finite, -256, 256).astype(self.bias.dtype)
+
+    def refusals(self, out, threads) -> list:
+        """The documented rules of weight_int4pack_mm that the call breaks."""
+        w, sz, x = self.w_packed, self.sz, self.x
+        if self.group_size not in GROUP_SIZES:
+            return ["group_size not 32, 64, 128 or 256"]
+        if not (w.dtype == np.uint8 and w.ndim == 3 and w.shape[2] == 16
+                and w.flags.c_contiguous):
+            return ["w_packed not qkern.pack_int4's layout"]
+        k = w.shape[1]
+        if k % self.group_size:
+            return ["K not a multiple of group_size"]
+        dtype = x.dtype if isinstance(x, np.ndarray) else None
+        if dtype not in DTYPES:
+            return ["x not float32, float16 or bfloat16"]
+        if (sz.dtype != dtype or sz.ndim != 3 or sz.shape[0] != k // self.group_size
+                or sz.shape[2] != 2):
+            return ["scales_and_zeros not (K / group_size, N, 2) of x's dtype"]
+        n = sz.shape[1]
+        if -(-n // 32) != w.shape[0]:
+            return ["w_packed's panels do not hold N"]
+        if self.bias is not None and not _is_vector(self.bias, n, dtype):
+            return ["bias not an (N,) array of x's dtype"]
+        return call_refusals(x, dtype, k, n, out, (("x", x), ("w_packed", w),
+                                                   ("scales_and_zeros", sz),
+                                                   ("bias", self.bias)), threads)
+
+    def assert_close(self, y: np.ndarray, x: np.ndarray):
+        assert_int4_close(y, x, self.q, self.sz, self.group_size, self.bias)
+
+
+def fuzz_weight_int4pack_mm(data: bytes):
+    """`qkern.weight_int4pack_mm`, every argument drawn; a valid call is
+    within the int4 bound, and an Int4Linear of the same arguments gives its
+    bits."""
+    c = Int4Call(Draw(data))
+    out, threads = c.draw_out(), c.draw_threads()
+    y = c.expect(lambda: qkern.weight_int4pack_mm(c.x, c.w_packed, c.group_size, c.sz,
+                                                  bias=c.bias, out=out, num_threads=threads),
+                 c.refusals(out, threads), out)
+    if y is None:
+        return
+    c.check_result(y, out)
+    if c.draw.chance(3):
+        layer = qkern.Int4Linear(c.w_packed, c.group_size, c.sz, c.bias)
+        if not _same_bits(layer(c.x), y):
+            raise Finding("Int4Linear and weight_int4pack_mm gave different bits")
+
+
 TARGETS = {
     "weight_int8pack_mm": fuzz_weight_int8pack_mm,
+    "weight_int4pack_mm": fuzz_weight_int4pack_mm,
     "WoqLinear": fuzz_woq_linear,
     "cli_args": fuzz_cli_args,
     "qconv2d": fuzz_qconv2d,
