@@ -319,6 +319,9 @@ def main(argv=None) -> int:
         shapes = [(m, n, k) for n, k in args.shapes for m in args.m]
         threads = args.threads  # None: the count a call would use (qkern.tune)
         group = args.int4_group
+        if group and any(k % group for _, k in args.shapes):
+            build_parser().error(f"--int4-group {group}: every K of --shapes must be a "
+                                 "multiple of it")
         results = qkern.tune(shapes, args.dtypes, threads, progress=True, group_size=group)
         sweep = ratios = None
         if args.exhaustive:

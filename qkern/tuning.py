@@ -689,6 +689,10 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     if group_size not in (0,) + GROUP_SIZES:
         raise ValueError(f"group_size: expected 0 (int8) or one of {GROUP_SIZES}, "
                          f"got {group_size!r}")
+    shapes = [tuple(int(v) for v in shape) for shape in shapes]
+    for _, _, k in shapes:
+        if group_size and k % group_size:
+            raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
     # the counts calls will ask with: capped at the processors, as calls are
     threads = [_cpu.threads_for_call(int(t)) for t in (threads or [0])]
     jobs = [(dtype_name(DTYPES[d]), int(m), int(n), int(k), t)

@@ -2,7 +2,7 @@
 
 ``y[..., n] = sum_k x[..., k] * ((q[n, k] - 8) * s[k // G, n] + z[k // G, n]) + bias[n]``
 with 4-bit ``q`` in 0..15, a scale ``s`` and a zero ``z`` per group of ``G``
-consecutive k and output column, fp32 sums in the order docs/semantics.rst
+consecutive k and output column, fp32 sums in the order docs/int4.rst
 fixes, and a single rounding to the dtype of ``x``.  The weight is packed
 once, in one layout for every CPU (docs/kernels.rst, "Packed int4 layout").
 """
@@ -200,8 +200,8 @@ def weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros, *, bias=None, 
     """Matrix product of activations with 4-bit weights scaled per group of K.
 
     ``y[..., n] = sum_k x[..., k] * ((q[n, k] - 8) * s[g, n] + z[g, n]) + bias[n]``,
-    ``g = k // group_size``, fp32 sums (in the order docs/semantics.rst
-    fixes) rounded once to the dtype of ``x``. The semantics of
+    ``g = k // group_size``, fp32 sums (in the order docs/int4.rst fixes)
+    rounded once to the dtype of ``x``. The semantics of
     ``torch._weight_int4pack_mm_for_cpu``, on qkern's own packed layout.
 
     Parameters

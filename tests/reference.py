@@ -173,9 +173,13 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # (relative u), then 2G FMAs acc = fma(p, s, acc), acc = fma(xs, z', acc),
 # each rounding once; then + b (one rounding) and the rounding to dtype.
 # Each term passes through at most g + 2G + 1 roundings, so
-#   |v - y*| <= gamma_{g + 2G + 2} * (T + |b|),
+#   |v - y*| <= gamma_{g + 2G + 2} * (T + |b|) + (2G + 1) 2**-150,
 #   T = sum_grp (|s| sum_k |x_k| q_k + |z'| sum_k |x_k|),
-# and the final rounding adds u_out |v| and half a subnormal, as for int8.
+# the last term for the 2G FMAs and the bias add, each of which may round
+# in fp32's subnormal range (absolute error up to half its spacing, 2**-150;
+# the products x_k q_k and the sums of them are multiples of x's spacing and
+# exact there). The final rounding adds u_out |v| and half a subnormal, as
+# for int8.
 
 
 def int4_dequantize(q, sz, group_size):
@@ -205,7 +209,7 @@ def int4_bound(x, q, sz, group_size, bias, dtype):
     steps = group_size + 2 * groups + 2
     gamma = steps * U32 / (1 - steps * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
-    e32 = gamma * (big_t + b)
+    e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
     y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 

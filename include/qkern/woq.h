@@ -172,7 +172,7 @@ typedef enum qk_woq_format {
 /* A kernel on int4 groupwise panels (QK_WOQ_INT4_GROUPWISE) computes y for
  * mr <= MR rows and nc columns, panel by panel (the last may be partial):
  *
- *   group_size  k per group (kc is a multiple of it, > 0)
+ *   group_size  k per group (> 0); kc >= 0 is a multiple of it
  *   a       mr row pointers, each to kc f32 values of x followed by their
  *           kc / group_size group sums (qk_woq_group_sums)
  *   dt      the dtype of y and of scales_and_zeros

@@ -293,3 +293,20 @@ def test_threads_calling_one_layer_at_once_agree():
     for t in threads:
         t.join()
     assert got == want
+
+
+def test_the_bound_covers_roundings_in_the_subnormal_range():
+    """Each group's FMAs may round where fp32 is subnormal (absolute 2**-150
+    each): x = 2**-149 at one k of each group, q = 9, s = 0.5, z = 4 (so
+    z' = 0) gives 4.5 then 8.5 units of 2**-149, rounded to even, 8 units
+    against the exact 9."""
+    tiny = np.float32(2.0**-149)
+    x = np.zeros((1, 64), np.float32)
+    x[0, 0] = x[0, 32] = tiny
+    q = np.zeros((1, 64), np.uint8)
+    q[0, 0] = q[0, 32] = 9
+    sz = np.array([[[0.5, 4.0]], [[0.5, 4.0]]], np.float32)
+    for kern in (p.values[0] for p in INT4_KERNELS if p.values[0].available):
+        y = _run_kernel(kern, x, q, sz, 32, None)
+        assert y[0, 0] == 8 * tiny, (kern.name, y[0, 0] / tiny)
+        assert_int4_close(y, x, q, sz, 32)

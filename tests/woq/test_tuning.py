@@ -263,3 +263,8 @@ def test_cli_tunes_int4(capsys):
     assert "int4 g32" in out and "f32_qb4w_gemm" in out
     with pytest.raises(ValueError, match="group_size: expected 0"):
         qkern.tune([(1, 96, 128)], group_size=48)
+    with pytest.raises(ValueError, match="K=100 is not a multiple of group_size=32"):
+        qkern.tune([(1, 96, 100)], group_size=32)
+    with pytest.raises(SystemExit):
+        main(["tune", "--shapes", "96x100", "--int4-group", "32"])
+    assert "every K of --shapes must be a multiple" in capsys.readouterr().err
