@@ -78,14 +78,9 @@ class _Int4Problem:
     def _check(self, name: str, dtype: str, run) -> None:
         """Refuse a peer whose result on three rows is not qkern int4's."""
         x = self.x[dtype][:3]
-        want = self.int4[dtype]()(x).astype(np.float64)
-        got = np.asarray(run(x), np.float64)
         # float32 sums in another order; int8 activations (acc4); bfloat16 results
         limit = 1e-4 if dtype == "float32" and "int8 x" not in name else 2e-2
-        err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
-        if not err <= limit:
-            raise RuntimeError(f"{name}: relative error {err:.2e} against qkern int4 "
-                               f"(limit {limit:g}): not the same problem")
+        peers.check_same_problem(name, run(x), self.int4[dtype]()(x), limit, "qkern int4")
 
     def _runtimes(self, threads: int) -> dict:
         """``{peer: runtimes.Peer}`` of the runtimes installed (float32), built

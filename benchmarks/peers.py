@@ -81,6 +81,16 @@ def cold_note() -> str:
             f"cache.")
 
 
+def check_same_problem(name: str, got, want, limit: float, against: str) -> None:
+    """Refuse a peer whose result is not ``want`` within ``limit``, relative to
+    its largest magnitude: it would time another problem."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
+    if not err <= limit:
+        raise RuntimeError(f"{name}: relative error {err:.2e} against {against} "
+                           f"(limit {limit:g}): not the same problem")
+
+
 def _rotating(items: list):
     """A zero-argument callable returning the next of ``items`` on each call."""
     cycle = itertools.cycle(items)
@@ -152,13 +162,9 @@ class _Problem:
             x = self.x["float32"][:3]
             want = self.layers["float32"]()(x).astype(np.float64)
             for name, run in made.items():
-                got = np.asarray(run(x), np.float64)
                 # float32 sums in another order, or int8 activations (acc4)
-                limit = 2e-2 if "int8 x" in name else 1e-4
-                err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
-                if not err <= limit:
-                    raise RuntimeError(f"{name}: relative error {err:.2e} against qkern "
-                                       f"(limit {limit:g}): not the same problem")
+                check_same_problem(name, run(x), want, 2e-2 if "int8 x" in name else 1e-4,
+                                   "qkern")
             self.runtime_peers[threads] = made
         return self.runtime_peers[threads]
 

@@ -21,7 +21,7 @@ from torch import nn
 import qkern
 from qkern.torch._checks import check_x
 from qkern.torch._interop import DTYPES, TORCH_DTYPES, as_numpy, from_numpy, run_into
-from qkern.torch._registry import LiveRegistry, define_linear_op
+from qkern.torch._registry import LiveRegistry, define_linear_op, load_layer_state
 
 __all__ = ["Int4Linear", "int4_from_torch_packed", "weight_int4pack_mm"]
 
@@ -313,10 +313,6 @@ class Int4Linear(nn.Module):
                 f"group_size={self.group_size}, bias={self._layer.bias is not None}, "
                 f"dtype={self.dtype}")
 
-    def _state_names(self) -> tuple:
-        return ("w_packed", "scales_and_zeros") + (("bias",) if self._layer.bias is not None
-                                                   else ())
-
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         layer = self._layer
         destination[prefix + "w_packed"] = torch.from_numpy(layer.packed_weight.copy())
@@ -324,37 +320,18 @@ class Int4Linear(nn.Module):
         if layer.bias is not None:
             destination[prefix + "bias"] = from_numpy(layer.bias)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        for hook in self._load_state_dict_pre_hooks.values():
-            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                 error_msgs)
-        names = self._state_names()
-        if strict:
-            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
-                                   and key[len(prefix):] not in names)
-        missing = [prefix + name for name in names if prefix + name not in state_dict]
-        missing_keys.extend(missing)
-        if missing:
-            return
+    def _load_from_state_dict(self, state_dict, prefix, *args):
         layer = self._layer
         expected = {"w_packed": layer.packed_weight.shape,
-                    "scales_and_zeros": layer.scales_and_zeros.shape,
-                    "bias": (self.out_features,)}
-        loaded = {name: state_dict[prefix + name] for name in names}
-        bad = [f"size mismatch for {prefix}{name}: copying a param with shape "
-               f"{tuple(t.shape)} from checkpoint, the shape in current model is "
-               f"{expected[name]}." for name, t in loaded.items()
-               if tuple(t.shape) != tuple(expected[name])]
-        if loaded["w_packed"].dtype != torch.uint8:
-            bad.append(f"dtype mismatch for {prefix}w_packed: expected torch.uint8, got "
-                       f"{loaded['w_packed'].dtype}.")
-        if bad:
-            error_msgs.extend(bad)
-            return
-        self._set_layer(loaded["w_packed"].contiguous(), self.group_size,
-                        loaded["scales_and_zeros"].to(self.dtype).contiguous(),
-                        loaded["bias"].to(self.dtype) if "bias" in loaded else None)
+                    "scales_and_zeros": layer.scales_and_zeros.shape}
+        if layer.bias is not None:
+            expected["bias"] = (self.out_features,)
+        loaded = load_layer_state(self, state_dict, prefix, *args, expected=expected,
+                                  weight=("w_packed", torch.uint8))
+        if loaded is not None:
+            self._set_layer(loaded["w_packed"].contiguous(), self.group_size,
+                            loaded["scales_and_zeros"].to(self.dtype).contiguous(),
+                            loaded["bias"].to(self.dtype) if "bias" in loaded else None)
 
     def __setstate__(self, state):
         # A copy (copy.deepcopy, pickle) has its own layer: give it its own key.

@@ -14,7 +14,7 @@ import qkern
 from qkern.torch._int4 import Int4Linear
 from qkern.torch._interop import TORCH_DTYPES, as_numpy, from_numpy
 from qkern.torch._quantization import quantize_per_channel
-from qkern.torch._registry import LiveRegistry, define_linear_op
+from qkern.torch._registry import LiveRegistry, define_linear_op, load_layer_state
 
 __all__ = ["WoqLinear", "swap_linears"]
 
@@ -135,9 +135,6 @@ class WoqLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self._layer.bias is not None}, dtype={self.dtype}")
 
-    def _state_names(self) -> tuple:
-        return ("weight", "scales") + (("bias",) if self._layer.bias is not None else ())
-
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         layer = self._layer
         destination[prefix + "weight"] = torch.from_numpy(layer.weight())
@@ -145,35 +142,16 @@ class WoqLinear(nn.Module):
         if layer.bias is not None:
             destination[prefix + "bias"] = from_numpy(layer.bias)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        # As nn.Module's own implementation does, which this one replaces.
-        for hook in self._load_state_dict_pre_hooks.values():
-            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                 error_msgs)
-        names = self._state_names()
-        if strict:
-            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
-                                   and key[len(prefix):] not in names)
-        missing = [prefix + name for name in names if prefix + name not in state_dict]
-        missing_keys.extend(missing)
-        if missing:
-            return
+    def _load_from_state_dict(self, state_dict, prefix, *args):
         n, k = self._layer.shape
-        expected = {"weight": (n, k), "scales": (n,), "bias": (n,)}
-        loaded = {name: state_dict[prefix + name] for name in names}
-        bad = [f"size mismatch for {prefix}{name}: copying a param with shape "
-               f"{tuple(t.shape)} from checkpoint, the shape in current model is "
-               f"{expected[name]}." for name, t in loaded.items()
-               if tuple(t.shape) != expected[name]]
-        if loaded["weight"].dtype != torch.int8:
-            bad.append(f"dtype mismatch for {prefix}weight: expected torch.int8, got "
-                       f"{loaded['weight'].dtype}.")
-        if bad:
-            error_msgs.extend(bad)
-            return
-        self._set_layer(loaded["weight"], loaded["scales"].to(self.dtype),
-                        loaded["bias"].to(self.dtype) if "bias" in loaded else None)
+        expected = {"weight": (n, k), "scales": (n,)}
+        if self._layer.bias is not None:
+            expected["bias"] = (n,)
+        loaded = load_layer_state(self, state_dict, prefix, *args, expected=expected,
+                                  weight=("weight", torch.int8))
+        if loaded is not None:
+            self._set_layer(loaded["weight"], loaded["scales"].to(self.dtype),
+                            loaded["bias"].to(self.dtype) if "bias" in loaded else None)
 
     def __setstate__(self, state):
         # A copy (copy.deepcopy, pickle) has its own packed layer: give it its own key.

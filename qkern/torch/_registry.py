@@ -10,7 +10,7 @@ import torch
 from qkern.torch._checks import check_x
 from qkern.torch._interop import TORCH_DTYPES, run_into
 
-__all__ = ["LiveRegistry", "define_linear_op"]
+__all__ = ["LiveRegistry", "define_linear_op", "load_layer_state"]
 
 
 class LiveRegistry:
@@ -57,3 +57,36 @@ def define_linear_op(op: str, registry: LiveRegistry):
         return x.new_empty(x.shape[:-1] + (lin.shape[0],))
 
     return linear
+
+
+def load_layer_state(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                     unexpected_keys, error_msgs, expected: dict, weight: tuple):
+    """``nn.Module._load_from_state_dict`` for a layer module without
+    parameters: run the pre-hooks, record unexpected and missing keys, and
+    check each tensor's shape against ``expected`` (``{name: shape}``, the
+    names the module saves) and the dtype of ``weight`` (``(name, dtype)``),
+    with PyTorch's messages. Returns ``{name: tensor}``, or None when a key
+    is missing or an error was recorded (the module is then left alone)."""
+    for hook in module._load_state_dict_pre_hooks.values():
+        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+             error_msgs)
+    if strict:
+        unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
+                               and key[len(prefix):] not in expected)
+    missing = [prefix + name for name in expected if prefix + name not in state_dict]
+    missing_keys.extend(missing)
+    if missing:
+        return None
+    loaded = {name: state_dict[prefix + name] for name in expected}
+    bad = [f"size mismatch for {prefix}{name}: copying a param with shape "
+           f"{tuple(t.shape)} from checkpoint, the shape in current model is "
+           f"{tuple(expected[name])}." for name, t in loaded.items()
+           if tuple(t.shape) != tuple(expected[name])]
+    name, dtype = weight
+    if loaded[name].dtype != dtype:
+        bad.append(f"dtype mismatch for {prefix}{name}: expected {dtype}, got "
+                   f"{loaded[name].dtype}.")
+    if bad:
+        error_msgs.extend(bad)
+        return None
+    return loaded
