@@ -96,6 +96,7 @@ cdef extern from "qkern/woq.h":
         qk_woq_blocking blocking
         qk_woq_ukernel_fn fn
         qk_woq_widen_fn widen
+        uint32_t widened_bytes
         qk_woq_pack_x_fn pack_x
         qk_woq_convert_x_fn convert_x
         qk_woq_int4_ukernel_fn int4_fn
@@ -122,6 +123,13 @@ cdef extern from "qkern/woq.h":
                     size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
                     const int64_t* x_offsets, const int8_t* packed, const float* scale,
                     const float* bias, char* y, int64_t y_stride, int num_threads) nogil
+    size_t qk_woq_widened_size(const qk_woq_kernel* kern, size_t n, size_t k) nogil
+    int qk_woq_widen_weight(const qk_woq_kernel* kern, const int8_t* packed, size_t n, size_t k,
+                            void* out) nogil
+    int qk_woq_gemm_widened(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                            size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
+                            const int64_t* x_offsets, const void* widened, const float* scale,
+                            const float* bias, char* y, int64_t y_stride, int num_threads) nogil
 
 
 cdef extern from "qkern/roofline.h":

@@ -11,11 +11,12 @@ from libc.string cimport memcpy
 from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBNORMALS,
                           QK_TRAIT_SPLITS_X, QK_WOQ_INT4_GROUPWISE, QK_WOQ_INT8_PER_CHANNEL,
                           QK_WOQ_KBLOCK, QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype,
-                          qk_woq_blocking, qk_woq_gemm, qk_woq_gemm_int4, qk_woq_group_sums,
+                          qk_woq_blocking, qk_woq_gemm, qk_woq_gemm_int4, qk_woq_gemm_widened,
+                          qk_woq_group_sums,
                           qk_woq_int4_pack, qk_woq_int4_packed_size, qk_woq_int4_unpack,
                           qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
-                          qk_woq_packed_size, qk_woq_unpack, qk_fpenv, qk_fpenv_enter,
-                          qk_fpenv_leave)
+                          qk_woq_packed_size, qk_woq_unpack, qk_woq_widen_weight,
+                          qk_woq_widened_size, qk_fpenv, qk_fpenv_enter, qk_fpenv_leave)
 
 cnp.import_array()
 
@@ -36,7 +37,8 @@ def registry():
             "weight_format": _FORMATS[e.format], "group_size": e.group_size,
             "flushes_subnormals": bool(e.traits & QK_TRAIT_FLUSHES_SUBNORMALS),
             "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
-            "widened": e.widen != NULL, "converts_x": e.convert_x != NULL,
+            "widened": e.widen != NULL, "widened_bytes": e.widened_bytes,
+            "converts_x": e.convert_x != NULL,
             "bound_by": e.bound_by.decode(),
             "blocking": (e.blocking.rows, e.blocking.chunk_bytes, e.blocking.k_block,
                          e.blocking.min_macs_per_thread, e.blocking.split),
@@ -101,10 +103,34 @@ cdef int _check_vectors(const qk_woq_kernel* kern, size_t n, const float[::1] sc
     return 0
 
 
+def widened_size(size_t index, size_t n, size_t k):
+    """Bytes of an (n, k) weight widened for registry kernel ``index`` (0:
+    the kernel reads no widened copy; SIZE_MAX: too many)."""
+    return qk_woq_widened_size(_kernel(index, 0), n, k)
+
+
+def widen_weight(size_t index, const int8_t[::1] packed, size_t n, size_t k, uint8_t[::1] out):
+    """Widen the whole packed (n, k) weight for kernel ``index`` into
+    ``out`` (:func:`widened_size` bytes, 64-byte aligned)."""
+    cdef const qk_woq_kernel* kern = _kernel(index, 0)
+    cdef size_t size = qk_woq_widened_size(kern, n, k)
+    if kern.widen == NULL or kern.kind != QK_WOQ_PANELS:
+        raise ValueError(f"{kern.name.decode()}: reads no widened copy of the weight")
+    if <size_t>out.shape[0] != size or (size and <size_t>&out[0] % 64):
+        raise ValueError("widened buffer: wrong size or not 64-byte aligned")
+    _check_holds("packed weight", packed.shape[0], qk_woq_packed_size(n, k, kern.nr, kern.kr))
+    if size == 0:
+        return
+    cdef int status
+    with nogil:
+        status = qk_woq_widen_weight(kern, &packed[0], n, k, &out[0])
+    _check_status("qk_woq_widen_weight", kern, status, None)
+
+
 def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
          int64_t x_stride, const int64_t[::1] x_offsets, const int8_t[::1] packed,
          const float[::1] scale, const float[::1] bias, cnp.ndarray y, int64_t y_stride,
-         int num_threads, tuple blocking):
+         int num_threads, tuple blocking, bint widened=False):
     """Run registry kernel ``index`` over the whole problem.
 
     ``x`` and ``y`` point at element (0, 0); row m of x is at byte offset
@@ -115,24 +141,36 @@ def gemm(size_t index, cnp.ndarray x, size_t m, size_t n, size_t k, int dtype,
     panels), ``x_offsets``; ``x`` and ``y`` are not.  ``blocking`` is
     ``(rows, chunk_bytes, k_block, min_macs_per_thread, split)``
     (include/qkern/woq.h; split 0 = QK_WOQ_SPLIT_M, 1 = QK_WOQ_SPLIT_N) or None for the kernel's default; ValueError if the driver refuses it.
+    With ``widened``, ``packed`` is the weight widened by :func:`widen_weight`
+    for this kernel (1-D int8 view of its bytes).
     """
     cdef const qk_woq_kernel* kern = _kernel(index, 0)
     _check_dtype(kern, dtype)
-    _check_holds("packed weight", packed.shape[0], qk_woq_packed_size(n, k, kern.nr, kern.kr))
+    if widened:
+        if kern.widen == NULL or kern.kind != QK_WOQ_PANELS:
+            raise ValueError(f"{kern.name.decode()}: reads no widened copy of the weight")
+        _check_holds("widened weight", packed.shape[0], qk_woq_widened_size(kern, n, k))
+    else:
+        _check_holds("packed weight", packed.shape[0],
+                     qk_woq_packed_size(n, k, kern.nr, kern.kr))
     _check_vectors(kern, n, scale, bias)
     cdef const float* bp = &bias[0] if bias is not None else NULL
     cdef const int64_t* offs = _offsets(x_offsets, m)
     cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
     cdef const float* sp = &scale[0]
-    cdef const int8_t* wp = &packed[0]
+    cdef const int8_t* wp = &packed[0] if packed.shape[0] else NULL
     cdef char* yp = <char*>cnp.PyArray_DATA(y)
     cdef qk_woq_blocking b
     cdef const qk_woq_blocking* bptr = _blocking(blocking, &b)
     cdef int status
     with nogil:
-        status = qk_woq_gemm(kern, bptr, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp, sp, bp,
-                             yp, y_stride, num_threads)
-    _check_status("qk_woq_gemm", kern, status, blocking)
+        if widened:
+            status = qk_woq_gemm_widened(kern, bptr, m, n, k, <qk_dtype>dtype, xp, x_stride,
+                                         offs, wp, sp, bp, yp, y_stride, num_threads)
+        else:
+            status = qk_woq_gemm(kern, bptr, m, n, k, <qk_dtype>dtype, xp, x_stride, offs, wp,
+                                 sp, bp, yp, y_stride, num_threads)
+    _check_status("qk_woq_gemm_widened" if widened else "qk_woq_gemm", kern, status, blocking)
 
 
 cdef const int64_t* _offsets(const int64_t[::1] x_offsets, size_t m) except? NULL:
@@ -247,14 +285,15 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     environment.  The kernel tester's entry point: no driver in between.
 
     ``panels``, ``scale`` and ``bias`` must hold ``nc`` columns of whole
-    panels, ``1 <= mr <= MR`` and ``nc >= 1`` (ValueError otherwise); ``c``
+    panels (widened by :func:`widen_weight` for a kernel that reads widened
+    panels), ``1 <= mr <= MR`` and ``nc >= 1`` (ValueError otherwise); ``c``
     is not checked.  A K-block kernel has no single-call micro-kernel
     (ValueError): it runs through :func:`gemm`, whose blockings cut its
     calls.
     """
     cdef const qk_woq_kernel* kern = _kernel(index, 0)
     name = kern.name.decode()
-    if kern.fn == NULL or kern.widen != NULL:
+    if kern.fn == NULL or kern.kind == QK_WOQ_KBLOCK:
         raise ValueError(f"{name}: no single-call micro-kernel on packed panels; use gemm")
     if not 1 <= mr <= min(kern.mr, 32):
         raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr}, got mr = {mr}")
@@ -270,7 +309,9 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
                          f"{x_dtype}, got {(<object>x).dtype}, shape {(<object>x).shape}, "
                          f"strides {(<object>x).strides}")
     cdef size_t n_padded = (nc + kern.nr - 1) // kern.nr * kern.nr
-    _check_holds("panels", panels.shape[0], qk_woq_packed_size(n_padded, kc, kern.nr, kern.kr))
+    _check_holds("panels", panels.shape[0],
+                 qk_woq_widened_size(kern, n_padded, kc) if kern.widen != NULL
+                 else qk_woq_packed_size(n_padded, kc, kern.nr, kern.kr))
     _check_vectors(kern, nc, scale, bias)
     cdef const float* bp = &bias[0] if bias is not None else NULL
     cdef const void* rows[32]

@@ -24,6 +24,14 @@ ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
 # 0.77, 4x16 1.65, 6x16 2.2, i.e. MR + 2 to within 10 %.
 PASS_OVERHEAD_ROWS = 2
 
+# The ISA levels whose kernels on driver-widened panels the static rule
+# takes when M needs more than one of their row blocks.  AMX: its widened
+# twin shares each chunk's widening among the row blocks.  Not AVX2: on a
+# Zen 3 (1 thread, 4096 x 4096) f32w 6x16 ran 0.82-0.86x the speed of the
+# 6x16 on packed int8 at M = 16 and 0.95-1.03x from M = 64 up (widening
+# in-register is free there); the tuner may still pick it.
+WIDENED_IN_STATIC_RULE = ("amx",)
+
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
 
@@ -210,9 +218,14 @@ class Kernel:
         planes whose sum is exact (2 for float16, 3 for float32; each plane
         one more bf16 product per weight), made by the driver.
     widened : bool
-        Whether it reads weight panels that the driver widened to bf16 (once
-        per chunk of columns, reused by every row block) instead of the
-        packed int8 bytes: worth it when many rows share each chunk.
+        Whether it reads weight panels widened to bf16 or float32 instead
+        of the packed int8 bytes: widened by the driver once per chunk of
+        columns (reused by every row block), or once for all calls into a
+        copy a :class:`~qkern.WoqLinear` keeps within its ``memory_budget``
+        (:doc:`/tuning`). Worth it when many rows share each chunk.
+    widened_bytes : int
+        Bytes per widened weight value (2: bf16, 4: float32); 0 when not
+        ``widened``.
     converts_x : bool
         Whether it reads the rows of x in float32 whatever their dtype: the
         driver converts float16/bfloat16 rows once per row block and
@@ -241,6 +254,7 @@ class Kernel:
     flushes_subnormals: bool
     splits_x: bool
     widened: bool
+    widened_bytes: int
     converts_x: bool
     bound_by: str
     blocking: Blocking
@@ -257,6 +271,13 @@ class Kernel:
     def layout(self) -> tuple:
         """The packed-weight layout ``(nr, kr)`` the kernel reads."""
         return (self.nr, self.kr)
+
+    @property
+    def reads_widened_copy(self) -> bool:
+        """Whether it can run on a copy of the whole weight widened
+        beforehand (:meth:`qkern.packing.PackedWeight.widened`), not only on
+        panels the driver widens chunk by chunk."""
+        return self.widened and self.kind == "panels"
 
 
 def _features(level: int) -> tuple:
@@ -298,6 +319,13 @@ def kernels() -> list:
     return list(REGISTRY)
 
 
+def widened_nbytes(kern: Kernel, n: int, k: int) -> int:
+    """Bytes of an ``(n, k)`` int8 weight widened beforehand for ``kern``
+    (every panel, the last one padded; include/qkern/woq.h); 0 if ``kern``
+    runs on no such copy."""
+    return _woq.widened_size(kern.index, n, k)
+
+
 def get_kernel(name: str) -> Kernel:
     """The registry entry called ``name``; ValueError if unknown or not runnable here."""
     for k in REGISTRY:
@@ -327,7 +355,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     AVX-512 and AMX machines: 4096x4096, M = 8 runs in 4.4 ms unpacked
     against 1.2 ms + 5.9 ms of packing).  Otherwise the highest available
     ISA that accepts ``dtype`` (and, when given, reads ``layout``; else a
-    packed layout) wins.  Within it, a kernel on driver-widened panels when
+    packed layout) wins.  Within it, on the levels of
+    ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
     ``m`` needs more than one of its row blocks (the widening is then
     shared, and a partial last block costs only its rows); otherwise the
     kernel on packed panels with the fewest row-passes' worth of work,
@@ -345,7 +374,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
     top = max(ISA_LEVELS.index(k.isa) for k in cands)
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
-    widened = [k for k in cands if k.widened and m > k.mr]
+    widened = [k for k in cands
+               if k.widened and m > k.mr and k.isa in WIDENED_IN_STATIC_RULE]
     packed = [k for k in cands if not k.widened] or cands
     if widened:
         kern = widened[-1]

@@ -114,6 +114,18 @@ class PackedWeight:
         _woq.unpack(self._data, *self.layout, w)
         return w
 
+    def widened(self, kernel) -> np.ndarray:
+        """This weight widened beforehand for ``kernel`` (a
+        :class:`~qkern.dispatch.Kernel` whose ``widened`` panels it reads, of
+        this layout): a new read-only 1-D int8 array of the widened bytes
+        (:func:`qkern.dispatch.widened_nbytes`), 64-byte aligned."""
+        if kernel.layout != self.layout:
+            raise ValueError(f"{kernel.name} reads layout {kernel.layout}, not {self.layout}")
+        out = aligned_empty(_woq.widened_size(kernel.index, *self.shape))
+        _woq.widen_weight(kernel.index, self._data, *self.shape, out.view(np.uint8))
+        out.flags.writeable = False
+        return out
+
     def repacked(self, layout) -> PackedWeight:
         """This weight in ``layout``: itself when it is already, else packed anew."""
         return self if _check_layout(layout) == self.layout else PackedWeight(self.unpack(), layout)

@@ -166,17 +166,19 @@ def _check_threads(num_threads) -> int:
 
 
 def _run(kern: Kernel, x, w_packed, w_layout: tuple, n: int, k: int, scale_f32, bias_f32, out,
-         num_threads, inputs: tuple, blocking: Blocking | None = None):
+         num_threads, inputs: tuple, blocking: Blocking | None = None, widened=None):
     """Validate x/out against (n, k) and the weight's layout tag against
     ``kern``, and run int8 kernel ``kern`` (cut as ``blocking`` says, or by
-    its default); returns the output array."""
+    its default) on ``w_packed``, or on ``widened`` (the weight widened
+    beforehand for ``kern``) when given; returns the output array."""
     if w_layout != kern.layout:
         raise ValueError(f"packed weight: layout {w_layout} is not the {kern.layout} that "
                          f"{kern.name} reads")
+    weight = w_packed if widened is None else widened
 
     def launch(xs, rows, code, x_stride, offsets, y, y_stride, threads, cut):
-        _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, w_packed, scale_f32,
-                  bias_f32, y, y_stride, threads, cut)
+        _woq.gemm(kern.index, xs, rows, n, k, code, x_stride, offsets, weight, scale_f32,
+                  bias_f32, y, y_stride, threads, cut, widened is not None)
 
     return run_rows(kern, x, n, k, out, num_threads, inputs, blocking, launch)
 

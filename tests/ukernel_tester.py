@@ -2,7 +2,8 @@
 
     GemmTester(kern).m(3).n(17).k(5).a_stride(9).test()
 
-packs a random int8 weight into the kernel's panels, calls the kernel once
+packs a random int8 weight into the kernel's panels (widened, for a kernel
+that reads widened panels), calls the kernel once
 through ``qkern._woq.ukernel`` on rows of ``x`` ``a_stride`` elements apart
 (converted to float32 first, as the driver does, for a kernel that
 converts x),
@@ -17,6 +18,7 @@ import numpy as np
 
 from qkern import _woq
 from qkern._dtypes import dtype_code
+from qkern.packing import aligned_empty
 from reference import assert_woq_close
 
 POISON = np.nan
@@ -100,6 +102,10 @@ class GemmTester:
         w_panels[:n] = w
         panels = np.empty(_woq.packed_size(n_padded, k, kern.nr, kern.kr), np.int8)
         _woq.pack(w_panels, kern.nr, kern.kr, panels)
+        if kern.widened:
+            wide = aligned_empty(_woq.widened_size(kern.index, n_padded, k))
+            _woq.widen_weight(kern.index, panels, n_padded, k, wide.view(np.uint8))
+            panels = wide
         scale = np.zeros(n_padded, np.float32)
         scale[:n] = s
         bias = None

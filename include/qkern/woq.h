@@ -32,9 +32,14 @@
  *   byte is widened to bf16.  kr = 0 means one group of all K: with nr = 1
  *   that is w's own row-major order (packing is a copy, or none at all).
  *
- * Widened layout: the same bytes widened to bf16 (2 bytes each, same order),
- * the k-groups of each panel padded with zeros to a multiple of 16 (one AMX
- * tile of k-groups): a panel is roundup(Kp/kr, 16) * nr * kr * 2 bytes.
+ * Widened layout (kernels with a widen function): the same values widened
+ * to bf16 (AMX kernels) or f32 (AVX2), widened_bytes each, in the same
+ * order, the k-groups of each panel padded with zeros to a multiple of 16
+ * (one AMX tile of k-groups): a panel is
+ * roundup(Kp/kr, 16) * nr * kr * widened_bytes bytes.  The driver widens a
+ * chunk at a time into a per-thread buffer; a caller may instead widen the
+ * whole weight once (qk_woq_widen_weight(): every panel, the partial last
+ * one padded) and run on that copy (qk_woq_gemm_widened()).
  *
  * Packed x (for kernels with a pack_x function; MR = 32): x as bf16 planes
  * (P = 1 for bf16 x, 2 for f16, 3 for f32, summing to x exactly), in groups
@@ -267,6 +272,7 @@ typedef struct qk_woq_kernel {
   qk_woq_blocking blocking; /* the default */
   qk_woq_ukernel_fn fn;     /* QK_WOQ_PANELS, QK_WOQ_UNPACKED */
   qk_woq_widen_fn widen;    /* NULL: the kernel reads the packed int8 panels */
+  uint32_t widened_bytes;   /* with widen: bytes per widened value (2, 4) */
   qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x (layout above) */
   /* QK_WOQ_PANELS: NULL, or the kernel reads f32 rows of x whatever dt (dt
    * is then y's dtype only); the driver converts f16 / bf16 rows with it
@@ -281,8 +287,20 @@ typedef struct qk_woq_kernel {
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
 size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt);
 
-/* Bytes of one widened panel of kc k-values in layout (nr, kr). */
-size_t qk_woq_widened_panel_size(size_t k, uint32_t nr, uint32_t kr);
+/* Bytes of one widened panel of kc k-values for kernel kern (with widen). */
+size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc);
+
+/* Bytes of the whole (N, K) weight widened for kern (every panel, the last
+ * one padded); 0 if kern has no widen function or is not a QK_WOQ_PANELS
+ * kernel, SIZE_MAX if that does not fit in a size_t. */
+size_t qk_woq_widened_size(const qk_woq_kernel* kern, size_t n, size_t k);
+
+/* Widens the whole packed (N, K) weight (kern's layout) into out
+ * (qk_woq_widened_size bytes, 64-byte aligned).  QK_ERR_ARG if kern has no
+ * widen function, is not a QK_WOQ_PANELS kernel or the size overflows,
+ * QK_ERR_NOMEM if the padded last panel cannot be allocated; else QK_OK. */
+int qk_woq_widen_weight(const qk_woq_kernel* kern, const int8_t* packed, size_t n, size_t k,
+                        void* out);
 
 extern const qk_woq_kernel qk_woq_kernels[];
 extern const size_t qk_woq_num_kernels;
@@ -326,6 +344,18 @@ int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size
                 size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
                 const int8_t* packed, const float* scale, const float* bias, char* y,
                 int64_t y_stride, int num_threads);
+
+/*
+ * qk_woq_gemm() on the weight widened beforehand by qk_woq_widen_weight()
+ * for the same kernel (a QK_WOQ_PANELS kernel with a widen function):
+ * nothing is widened during the call, and the bits of y are those of
+ * qk_woq_gemm() on the packed weight.  The same guarantees and return
+ * codes as qk_woq_gemm().
+ */
+int qk_woq_gemm_widened(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                        size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
+                        const int64_t* x_offsets, const void* widened, const float* scale,
+                        const float* bias, char* y, int64_t y_stride, int num_threads);
 
 /*
  * qk_woq_gemm() for an int4 groupwise kernel (format QK_WOQ_INT4_GROUPWISE):

@@ -3,7 +3,8 @@
  * Name: qk_woq_<compute>_<gemm|gemv>_<ukernel|kblock>_<MR>x<NR>c<KR>__<isa>
  * ("kblock": a K-block kernel on packed x, qk_woq_kblock_fn), defined in
  * src/woq/<compute>-<gemm|gemv>-x<NR>c<KR>-<isa>.c (or -ref.c); compute
- * "bf16w" reads widened panels and lives beside its "bf16" twin.
+ * "bf16w" / "f32w" reads widened panels and lives beside its "bf16" / "f32"
+ * twin.
  */
 #ifndef QKERN_WOQ_UKERNELS_H
 #define QKERN_WOQ_UKERNELS_H
@@ -20,6 +21,7 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x1c0__ref)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x16c1__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x16c1__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_6x16c1__avx2)
+QK_DECLARE_UKERNEL(qk_woq_f32w_gemm_ukernel_6x16c1__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
@@ -47,6 +49,7 @@ QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref)
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2)
 
 /* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
+void qk_woq_widen_x16c1__avx2(const int8_t* packed, size_t panels, size_t kc, void* out);
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */

@@ -1,18 +1,21 @@
 /*
  * f32-gemm-x16c1-avx2.c -- WoQ GEMM micro-kernels 1x16c1, 4x16c1 and
- * 6x16c1, AVX2 + FMA + F16C.
+ * 6x16c1 on packed int8 panels, and f32w 6x16c1 on widened f32 panels,
+ * AVX2 + FMA + F16C.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), packed layout nr = 16,
  * kr = 1, with qk_woq_convert_x_fn: x is read in f32 whatever dt (the
  * driver converts f16 / bf16 rows once; dt is then the output's dtype), so
  * each broadcast of x is one load.  The 16 int8 weights of one k are
- * widened in-register to two vectors of 8 f32, shared by the MR rows; fp32
- * FMA sums.  MR = 4 and 6 keep one sum per row and 8 columns (12 of the 16
+ * widened in-register to two vectors of 8 f32 (f32w: loaded as they are
+ * from the widened panels, include/qkern/woq.h), shared by the MR rows;
+ * fp32 FMA sums.  MR = 4 and 6 keep one sum per row and 8 columns (12 of the 16
  * ymm registers at MR = 6), accumulated in increasing k.  MR = 1 would
  * wait on the FMA latency with two sums, so it runs four panels at once
  * (eight sums; the same order per column).  Epilogue:
  * scale (multiply), bias (add), one rounding to the output dtype.  Rows
- * mr..MR-1 duplicate row mr-1.
+ * mr..MR-1 duplicate row mr-1.  Every kernel here sums each column in the
+ * same order, so all of them give a row the same bits.
  */
 #include <immintrin.h>
 
@@ -22,18 +25,26 @@ QK_INLINE __m256 i8_to_f32(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
-/* P consecutive panels from column n0 (P * 16 <= nc - n0 + 15) for MR rows:
- * one sum per row and 8 columns, each in increasing k. */
-QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const qk_dtype DT, size_t n0,
-                            size_t nc, size_t kc, const float* const* ar, char* const* cr,
-                            const int8_t* w, const float* scale, const float* bias) {
+/* Bytes of one panel of kc k values: packed int8 (WB = 1), or widened f32
+ * (WB = 4, k padded to a multiple of 16). */
+QK_INLINE size_t panel_bytes(size_t WB, size_t kc) {
+  return WB == 1 ? kc * 16 : (kc + 15) / 16 * 16 * 64;
+}
+
+/* P consecutive panels from column n0 (P * 16 <= nc - n0 + 15) for MR rows,
+ * weights of WB bytes: one sum per row and 8 columns, each in increasing k. */
+QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, const qk_dtype DT,
+                            size_t n0, size_t nc, size_t kc, const float* const* ar,
+                            char* const* cr, const int8_t* w, const float* scale,
+                            const float* bias) {
   __m256 acc[6][2];
   for (size_t i = 0; i < P * MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (size_t k = 0; k < kc; k++) {
     for (size_t p = 0; p < P; p++) {
-      const int8_t* wp = w + p * kc * 16 + k * 16;
-      if ((k & 3) == 0) _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-      const __m256 w0 = i8_to_f32(wp), w1 = i8_to_f32(wp + 8);
+      const int8_t* wp = w + p * panel_bytes(WB, kc) + k * 16 * WB;
+      if (WB == 4 || (k & 3) == 0) _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
+      const __m256 w0 = WB == 1 ? i8_to_f32(wp) : _mm256_load_ps((const float*)wp);
+      const __m256 w1 = WB == 1 ? i8_to_f32(wp + 8) : _mm256_load_ps((const float*)wp + 8);
       for (size_t i = 0; i < MR; i++) {
         const __m256 xv = _mm256_broadcast_ss(ar[i] + k);
         acc[p * MR + i][0] = _mm256_fmadd_ps(xv, w0, acc[p * MR + i][0]);
@@ -64,9 +75,9 @@ QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const qk_dtype DT, 
   }
 }
 
-QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
-                              const void* const* a, const int8_t* w, const float* scale,
-                              const float* bias, void* c, ptrdiff_t c_stride) {
+QK_INLINE void x16c1(const size_t MR, const size_t WB, const qk_dtype DT, size_t mr, size_t nc,
+                     size_t kc, const void* const* a, const int8_t* w, const float* scale,
+                     const float* bias, void* c, ptrdiff_t c_stride) {
   const char* rows[6];
   char* cr[6];
   qk_clamp_rows(MR, mr, a, c, c_stride, rows, cr);
@@ -74,12 +85,16 @@ QK_INLINE void f32_gemm_x16c1(const size_t MR, const qk_dtype DT, size_t mr, siz
   for (size_t i = 0; i < MR; i++) ar[i] = (const float*)rows[i];
   size_t n0 = 0;
   if (MR == 1) /* four panels at a time: eight independent sums */
-    for (; n0 + 48 < nc; n0 += 64, w += 4 * kc * 16)
-      x16c1_panels(1, 4, DT, n0, nc, kc, ar, cr, w, scale, bias);
-  for (; n0 < nc; n0 += 16, w += kc * 16)
-    x16c1_panels(MR, 1, DT, n0, nc, kc, ar, cr, w, scale, bias);
+    for (; n0 + 48 < nc; n0 += 64, w += 4 * panel_bytes(WB, kc))
+      x16c1_panels(1, 4, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
+  for (; n0 < nc; n0 += 16, w += panel_bytes(WB, kc))
+    x16c1_panels(MR, 1, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
 }
+
+#define f32_gemm_x16c1(MR, DT, ...) x16c1(MR, 1, DT, __VA_ARGS__)
+#define f32w_gemm_x16c1(MR, DT, ...) x16c1(MR, 4, DT, __VA_ARGS__)
 
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x16c1__avx2, f32_gemm_x16c1, 1)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x16c1__avx2, f32_gemm_x16c1, 4)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x16c1__avx2, f32_gemm_x16c1, 6)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32w_gemm_ukernel_6x16c1__avx2, f32w_gemm_x16c1, 6)

@@ -40,8 +40,9 @@
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-size_t qk_woq_widened_panel_size(size_t k, uint32_t nr, uint32_t kr) {
-  return ceil_div(ceil_div(k, kr), 16) * 16 * (size_t)nr * kr * 2;
+size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc) {
+  return ceil_div(ceil_div(kc, kern->kr), 16) * 16 * (size_t)kern->nr * kern->kr *
+         kern->widened_bytes;
 }
 
 /* Bytes of one 32-k chunk of a 32-row group of packed x: 2 KiB per plane. */
@@ -56,12 +57,16 @@ size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt) {
 /* The shape of one call, cut into tasks (see the top of this file). */
 typedef struct plan {
   const qk_woq_kernel* kern;
-  size_t m, n, k, nr, panel_bytes, panels_per_chunk, esize;
+  size_t m, n, k, nr, esize;
+  size_t panel_bytes;  /* bytes from one panel to the next in `packed` */
+  size_t sizing_bytes; /* packed bytes of a panel, which chunk_bytes counts */
+  size_t panels_per_chunk;
+  int widened;                               /* `packed` holds the widened copy: nothing to widen */
   size_t rows, k_block;                      /* from the blocking (qkern/woq.h) */
   size_t full_panels, full_chunks, n_chunks; /* n_chunks: + 1 for a partial panel */
   size_t x_group_bytes;                      /* packed x: bytes per 32-row group; 0: x as is */
   qk_dtype dt;
-  const int8_t* packed;
+  const int8_t* packed;     /* or the widened copy (see widened) */
   const int8_t* last_panel; /* the partial last panel, padded (see qk_woq_gemm) */
   const float *scale, *bias;
   /* int4 groupwise: k per group, scales_and_zeros (bytes per group) */
@@ -87,7 +92,8 @@ static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* 
     nb--;
   }
   const size_t chunk_cols = p->panels_per_chunk * p->nr;
-  /* int4 panels are whole, the last one read only up to column n */
+  /* int4 panels and widened copies are whole, the last panel read only
+   * up to column n */
   const size_t full_cols = p->full_panels * p->nr < p->n ? p->full_panels * p->nr : p->n;
   *n0 = nb * chunk_cols;
   *nc = full_cols - *n0 < chunk_cols ? full_cols - *n0 : chunk_cols;
@@ -158,7 +164,7 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
     const int8_t* w = chunk + k0 * p->nr; /* the block's first k-group in the first panel */
     size_t w_stride = p->panel_bytes;
     if (wide) {
-      w_stride = qk_woq_widened_panel_size(kc, p->nr, p->kern->kr);
+      w_stride = qk_woq_widened_panel_size(p->kern, kc);
       for (size_t q = 0; q < panels; q++)
         p->kern->widen(w + q * p->panel_bytes, 1, kc, wide + q * w_stride);
       w = (const int8_t*)wide;
@@ -206,14 +212,15 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   if (packing_x)
     p->panels_per_chunk = blocking->chunk_bytes / (p->k_block * p->nr);
   else
-    p->panels_per_chunk = p->panel_bytes ? blocking->chunk_bytes / p->panel_bytes : p->full_panels;
+    p->panels_per_chunk =
+        p->sizing_bytes ? blocking->chunk_bytes / p->sizing_bytes : p->full_panels;
   /* At least one panel, and no more than there are: the per-thread buffers
    * are sized from it. */
   if (p->panels_per_chunk > p->full_panels) p->panels_per_chunk = p->full_panels;
   if (p->panels_per_chunk == 0) p->panels_per_chunk = 1;
   p->full_chunks = ceil_div(p->full_panels, p->panels_per_chunk);
-  /* a partial last panel (int8: its columns held as plain rows) */
-  const int partial = !p->group_size && n % p->nr != 0;
+  /* a partial last panel (packed int8: its columns held as plain rows) */
+  const int partial = !p->group_size && !p->widened && n % p->nr != 0;
   p->n_chunks = p->full_chunks + partial;
   const size_t mc = p->rows;
   const size_t m_blocks = ceil_div(m, mc);
@@ -235,12 +242,10 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
    * thread, packed x of one row block) are allocated before any output is
    * written.  The packed weight holds a partial last panel as plain rows
    * (include/qkern/woq.h); the kernels read it padded to a whole panel. */
-  const int widening = kern->widen && k > 0;
+  const int widening = kern->widen && !p->widened && k > 0;
   const size_t wide_k = packing_x && k > p->k_block ? p->k_block : k;
   const size_t wide_stride =
-      widening ? (p->panels_per_chunk * qk_woq_widened_panel_size(wide_k, p->nr, kern->kr) + 63) /
-                     64 * 64
-               : 0;
+      widening ? (p->panels_per_chunk * qk_woq_widened_panel_size(kern, wide_k) + 63) / 64 * 64 : 0;
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
   const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
   const size_t acc_stride =
@@ -318,35 +323,63 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   return QK_OK;
 }
 
+/* Whether qk_woq_gemm() may run int8 kernel kern on dt with blocking b
+ * (NULL: the default). */
+static int int8_call_valid(const qk_woq_kernel* kern, const qk_woq_blocking* b, qk_dtype dt) {
+  if (!kern) return 0;
+  const int packing_x = kern->kind == QK_WOQ_KBLOCK;
+  return kern->mr > 0 && kern->mr <= QK_MAX_MR && kern->nr > 0 &&
+         kern->format == QK_WOQ_INT8_PER_CHANNEL && (kern->dtypes & (1u << dt)) &&
+         (packing_x ? kern->pack_x && kern->kblock && !kern->convert_x && kern->mr == 32 &&
+                          kern->nr == 32 && kern->kr == 2
+                    : kern->fn != NULL) &&
+         (!kern->widen || kern->widened_bytes > 0) &&
+         blocking_valid(b ? b : &kern->blocking, packing_x);
+}
+
+/* The plan of an int8 call on the packed weight (widened: 0) or on its
+ * widened copy (1). */
+static plan int8_plan(const qk_woq_kernel* kern, size_t m, size_t n, size_t k, qk_dtype dt,
+                      const void* weight, int widened, const float* scale, const float* bias,
+                      char* y, int64_t y_stride) {
+  const size_t kr = qk_woq_group_len(k, kern->kr);
+  const size_t packed_panel = ceil_div(k, kr) * kr * kern->nr;
+  return (plan){.kern = kern,
+                .m = m,
+                .n = n,
+                .k = k,
+                .nr = kern->nr,
+                .panel_bytes = widened ? qk_woq_widened_panel_size(kern, k) : packed_panel,
+                .sizing_bytes = packed_panel,
+                .widened = widened,
+                .full_panels = widened ? ceil_div(n, kern->nr) : n / kern->nr,
+                .dt = dt,
+                .packed = (const int8_t*)weight,
+                .scale = scale,
+                .bias = bias,
+                .y = y,
+                .y_stride = y_stride};
+}
+
 int qk_woq_gemm(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
                 size_t k, qk_dtype dt, const char* x, int64_t x_stride, const int64_t* x_offsets,
                 const int8_t* packed, const float* scale, const float* bias, char* y,
                 int64_t y_stride, int num_threads) {
-  const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
-  if (kern && !blocking) blocking = &kern->blocking;
-  if (!kern || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr == 0 ||
-      kern->format != QK_WOQ_INT8_PER_CHANNEL || !(kern->dtypes & (1u << dt)) ||
-      (packing_x ? !kern->pack_x || !kern->kblock || kern->convert_x || kern->mr != 32 ||
-                       kern->nr != 32 || kern->kr != 2
-                 : !kern->fn) ||
-      !blocking_valid(blocking, packing_x))
+  if (!int8_call_valid(kern, blocking, dt)) return QK_ERR_ARG;
+  if (m == 0 || n == 0) return QK_OK;
+  plan p = int8_plan(kern, m, n, k, dt, packed, 0, scale, bias, y, y_stride);
+  return execute(&p, blocking ? blocking : &kern->blocking, x, x_stride, x_offsets, num_threads);
+}
+
+int qk_woq_gemm_widened(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m,
+                        size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
+                        const int64_t* x_offsets, const void* widened, const float* scale,
+                        const float* bias, char* y, int64_t y_stride, int num_threads) {
+  if (!int8_call_valid(kern, blocking, dt) || !kern->widen || kern->kind != QK_WOQ_PANELS)
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
-  const size_t kr = qk_woq_group_len(k, kern->kr);
-  plan p = {.kern = kern,
-            .m = m,
-            .n = n,
-            .k = k,
-            .nr = kern->nr,
-            .panel_bytes = ceil_div(k, kr) * kr * kern->nr,
-            .full_panels = n / kern->nr,
-            .dt = dt,
-            .packed = packed,
-            .scale = scale,
-            .bias = bias,
-            .y = y,
-            .y_stride = y_stride};
-  return execute(&p, blocking, x, x_stride, x_offsets, num_threads);
+  plan p = int8_plan(kern, m, n, k, dt, widened, 1, scale, bias, y, y_stride);
+  return execute(&p, blocking ? blocking : &kern->blocking, x, x_stride, x_offsets, num_threads);
 }
 
 int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
@@ -367,6 +400,7 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
             .k = k,
             .nr = 32,
             .panel_bytes = k * 16,
+            .sizing_bytes = k * 16,
             .full_panels = ceil_div(n, 32),
             .dt = dt,
             .packed = (const int8_t*)packed,

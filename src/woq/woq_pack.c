@@ -3,6 +3,7 @@
  * drawn in include/qkern/woq.h.  Portable C, baseline flags.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "qkern/woq.h"
@@ -77,6 +78,33 @@ void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr
   const size_t whole = n / nr * nr;
   move_panels((int8_t*)packed + qk_woq_packed_size(whole, k, nr, kr), k, n - whole, k, nr, kr, out,
               1);
+}
+
+size_t qk_woq_widened_size(const qk_woq_kernel* kern, size_t n, size_t k) {
+  if (!kern->widen || kern->kind != QK_WOQ_PANELS || kern->nr == 0) return 0;
+  size_t bytes;
+  if (__builtin_mul_overflow((n + kern->nr - 1) / kern->nr, qk_woq_widened_panel_size(kern, k),
+                             &bytes))
+    return SIZE_MAX;
+  return bytes;
+}
+
+int qk_woq_widen_weight(const qk_woq_kernel* kern, const int8_t* packed, size_t n, size_t k,
+                        void* out) {
+  if (!kern->widen || kern->kind != QK_WOQ_PANELS || kern->nr == 0 ||
+      qk_woq_widened_size(kern, n, k) == SIZE_MAX)
+    return QK_ERR_ARG;
+  const size_t whole = n / kern->nr, wide_panel = qk_woq_widened_panel_size(kern, k);
+  if (whole) kern->widen(packed, whole, k, out);
+  if (n % kern->nr) {
+    const size_t panel = qk_woq_packed_size(kern->nr, k, kern->nr, kern->kr);
+    int8_t* last = aligned_alloc(64, (panel + 64) / 64 * 64);
+    if (!last) return QK_ERR_NOMEM;
+    qk_woq_pad_last_panel(packed, n, k, kern->nr, kern->kr, last);
+    kern->widen(last, 1, k, (char*)out + whole * wide_panel);
+    free(last);
+  }
+  return QK_OK;
 }
 
 size_t qk_woq_int4_packed_size(size_t n, size_t k) {

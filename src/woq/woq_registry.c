@@ -25,6 +25,9 @@
  * of 1 MiB hold four panels up to K = 16384 (at K = 11008, one thread,
  * M = 1: 2.4 ms against 3.8 ms with 256 KiB chunks of one panel). */
 #define ONE_ROW_BLOCKING {256, 1u << 20, 0, 1u << 20, QK_WOQ_SPLIT_M}
+/* Chunks of 64 KiB of int8 widen to 256 KiB of f32, half the L2 of the
+ * smallest AVX2 core measured (512 KiB). */
+#define WIDENED_F32_BLOCKING {256, 64u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
 #define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
 
 /* The portable kernels are held to the AVX2 FMA peak, the least a machine
@@ -49,6 +52,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_gemm_6x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 16, 1, ALL, INT8, 0, "vfmadd231ps ymm",
      PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_6x16c1__avx2,
      .convert_x = qk_woq_convert_x__avx2},
+    {"f32w_gemm_6x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 16, 1, ALL, INT8, 0,
+     "vfmadd231ps ymm", WIDENED_F32_BLOCKING, .fn = qk_woq_f32w_gemm_ukernel_6x16c1__avx2,
+     .widen = qk_woq_widen_x16c1__avx2, .widened_bytes = 4, .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemv_4x1c0__avx2", QK_WOQ_UNPACKED, QK_ISA_AVX2, 4, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
      PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx2},
     {"f32_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
@@ -74,7 +80,7 @@ const qk_woq_kernel qk_woq_kernels[] = {
      "tdpbf16ps", KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
      .kblock = qk_woq_bf16_gemm_kblock_32x32c2__amx},
     {"bf16w_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8, FLUSHES | SPLITS,
-     "tdpbf16ps", KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c2__avx512,
+     "tdpbf16ps", KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c2__avx512, .widened_bytes = 2,
      .pack_x = qk_woq_pack_x__avx512, .kblock = qk_woq_bf16w_gemm_kblock_32x32c2__amx},
 #endif
 };

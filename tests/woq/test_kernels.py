@@ -286,3 +286,51 @@ def test_kernels_of_one_level_give_a_row_the_same_bits(level):
             y = qkern.WoqLinear(w, s, b, kernel=kern.name)(x).view(np.uint8)
             want = y if want is None else want
             assert np.array_equal(y, want), (kern.name, group[0].name, dtype)
+
+
+def _reads_widened_copy():
+    return [p for p in kernel_params() if p.values[0].reads_widened_copy]
+
+
+@pytest.mark.parametrize("kern", _reads_widened_copy())
+def test_widened_copy_gives_the_bits_of_the_packed_weight(kern):
+    """A weight widened beforehand (include/qkern/woq.h) runs through the
+    same driver without widening: every blocking and thread count gives the
+    bits of the packed weight, the partial last panel included."""
+    from qkern.woq import _run
+
+    rng = np.random.default_rng(14)
+    for dtype in (d for d in DTYPES if d.name in kern.dtypes):
+        x, w, s, b = _data(rng, 2 * kern.mr + 5, 3 * kern.nr + 5, 2 * 32 + 7, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        want = layer(x, num_threads=1).view(np.uint8)
+        wide = layer.packed_weight.widened(kern)
+        assert wide.nbytes == qkern.dispatch.widened_nbytes(kern, *w.shape) > 0
+        assert wide.ctypes.data % 64 == 0 and not wide.flags.writeable
+        for blocking, threads in itertools.product([None] + _blockings(kern), (1, 2)):
+            y = _run(kern, x, layer.packed_weight.data, layer.layout, *w.shape, layer._scale_f32,
+                     layer._bias_f32, None, threads, (), blocking, wide)
+            assert np.array_equal(y.view(np.uint8), want), (blocking, threads)
+
+
+def test_a_widened_copy_is_refused_where_it_does_not_fit():
+    """The thin layer checks the copy's size and that the kernel reads one."""
+    x, y = np.ones((2, 5), np.float32), np.empty((2, 3), np.float32)
+    plain = next(k for k in qkern.kernels() if k.available and not k.widened)
+    layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, np.float32), kernel=plain.name)
+    assert qkern.dispatch.widened_nbytes(plain, 3, 5) == 0
+    with pytest.raises(ValueError, match="reads no widened copy"):
+        _woq.gemm(plain.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data,
+                  layer._scale_f32, None, y, 12, 1, None, True)
+    with pytest.raises(ValueError, match="reads no widened copy"):
+        layer.packed_weight.widened(plain)
+    for param in _reads_widened_copy():
+        kern = param.values[0]
+        if not kern.available:
+            continue
+        layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, np.float32),
+                                kernel=kern.name)
+        short = layer.packed_weight.widened(kern)[:-1]
+        with pytest.raises(ValueError, match="widened weight: holds"):
+            _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, short, layer._scale_f32, None, y, 12,
+                      1, None, True)
