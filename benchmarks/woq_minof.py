@@ -3,12 +3,14 @@ chosen shapes: the side-by-side figures of CHANGELOG.md and
 docs/performance.rst.
 
     python benchmarks/woq_minof.py 4096:4096:64,1024 4096:11008:256 \\
-        --threads 1,2 --dtypes bfloat16,float32 --weights int8,int4
+        --threads 1,2 --dtypes bfloat16,float32 --weights int8,int8-widened,int4
 
 Each argument is ``N:K:M[,M...]``. Every row times ``--reps`` calls, each on
 the next of ``--copies`` packed copies of the weight, the weights (int8;
-int4 in groups of 128) and thread counts alternating call by call within
-the row, and prints the min and median in
+int8 on a copy widened beforehand for the kernel of this ISA level that
+reads one, made before the timing; int4 in groups of 128) and thread
+counts alternating call by call within the row, and prints each layer's
+memory and the min and median in
 milliseconds: CPU time of the calling thread for one thread (what the host
 takes away from the core is not counted), wall time for more. On a shared
 machine, compare two builds by running this under each (``PYTHONPATH`` set
@@ -26,6 +28,23 @@ from qkern import bench
 from qkern._dtypes import bfloat16
 
 DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
+WEIGHTS = ("int8", "int8-widened", "int4")
+
+
+def _widened_layer(w, scales, x):
+    """A WoqLinear forced onto the kernel that reads a widened copy at the
+    static choice's ISA level, with the budget for the copy, made now."""
+    dtype, (n, k) = scales.dtype, w.shape
+    isa = qkern.dispatch.choose_kernel(dtype, 1).isa
+    kern = next((kern for kern in qkern.kernels() if kern.available and kern.isa == isa
+                 and kern.reads_widened_copy and qkern.dispatch.dtype_name(dtype) in kern.dtypes),
+                None)
+    if kern is None:
+        raise SystemExit(f"int8-widened: no kernel of level {isa} reads a widened copy")
+    layer = qkern.WoqLinear(w, scales, kernel=kern.name,
+                            memory_budget=qkern.dispatch.widened_nbytes(kern, n, k))
+    layer(x[:1])
+    return layer
 
 
 def _shape(text: str) -> tuple:
@@ -40,21 +59,24 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", default="bfloat16", help=f"of {', '.join(DTYPES)}")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--copies", type=int, default=6)
-    ap.add_argument("--weights", default="int8", help="of int8, int4 (default int8)")
+    ap.add_argument("--weights", default="int8",
+                    help=f"of {', '.join(WEIGHTS)} (default int8)")
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
     weights = args.weights.split(",")
-    if not weights or not set(weights) <= {"int8", "int4"}:
-        ap.error(f"--weights: expected int8 and/or int4, got {args.weights!r}")
+    if not weights or not set(weights) <= set(WEIGHTS):
+        ap.error(f"--weights: expected some of {', '.join(WEIGHTS)}, got {args.weights!r}")
     rng = np.random.default_rng(0)
-    print(f"{'N':>6} {'K':>6} {'M':>5} {'dtype':9} {'kernel':26} {'thr':>3} "
-          f"{'min ms':>9} {'median ms':>9}  clock")
+    print(f"{'N':>6} {'K':>6} {'M':>5} {'dtype':9} {'weight':12} {'kernel':26} {'MiB':>5} "
+          f"{'thr':>3} {'min ms':>9} {'median ms':>9}  clock")
     for n, k, ms in args.shapes:
         w = rng.integers(-128, 128, (n, k), dtype=np.int8)
         scales = rng.uniform(1e-3, 1e-2, n)
         for name in args.dtypes.split(","):
             dtype = DTYPES[name]
             made = {"int8": lambda: qkern.WoqLinear(w, scales.astype(dtype)),
+                    "int8-widened": lambda: _widened_layer(w, scales.astype(dtype),
+                                                           np.zeros((1, k), dtype)),
                     "int4": lambda: bench.random_int4_layer(rng, n, k, dtype)}
             layers = {form: itertools.cycle([made[form]() for _ in range(args.copies)])
                       for form in weights}
@@ -68,8 +90,9 @@ def main(argv=None) -> None:
                     layer(x, num_threads=t)
                     times[form, t].append(clock() - t0)
                 for (form, t), ts in times.items():
-                    kernel = next(layers[form]).kernel_for(m).name
-                    print(f"{n:6d} {k:6d} {m:5d} {name:9} {kernel:26} {t:3d} "
+                    layer = next(layers[form])
+                    print(f"{n:6d} {k:6d} {m:5d} {name:9} {form:12} "
+                          f"{layer.kernel_for(m).name:26} {layer.nbytes / 2**20:5.0f} {t:3d} "
                           f"{min(ts) * 1e3:9.2f} {statistics.median(ts) * 1e3:9.2f}  "
                           f"{'thread CPU' if t == 1 else 'wall'}", flush=True)
 

@@ -187,20 +187,24 @@ def _dtype_list(text: str) -> list:
     return names
 
 
-def tune_lines(results: list, exhaustive: list | None = None, ratios: list | None = None
-               ) -> list:
+def _describe(c: tuning.Choice) -> str:
+    b = c.blocking
+    return (f"{c.kernel}{' on widened copy' if c.weight_form == 'widened' else ''} "
+            f"rows={b.rows} chunk={b.chunk_bytes >> 10}K split={b.split}"
+            + (f" k_block={b.k_block}" if b.k_block else "") + f" thr={c.threads}")
+
+
+def tune_lines(results: list, extra: tuple = ()) -> list:
     """The table ``python -m qkern tune`` prints, one row per tuned key.
 
     Parameters
     ----------
     results : list of (key, qkern.tuning.Choice)
         As :func:`qkern.tune` returns them.
-    exhaustive : list of (key, qkern.tuning.Choice), optional
-        The exhaustive sweep's results for the same keys, for the last two
-        columns: its best candidate and the tuned choice's time over that
-        candidate's, timed side by side (``ratios``).
-    ratios : list of float, optional
-        Those ratios, one per key (:func:`qkern.tuning.compare`).
+    extra : tuple of (header, cells)
+        More columns: a header and one cell per key each (the exhaustive
+        sweep's best and the tuned choice's time over it; the choice
+        without a widened copy and the time with it over without).
 
     Returns
     -------
@@ -208,26 +212,36 @@ def tune_lines(results: list, exhaustive: list | None = None, ratios: list | Non
     """
     rows = []
     for i, ((dtype, m, n, k, threads, group_size), c) in enumerate(results):
-        b = c.blocking
-        row = (dtype, f"int4 g{group_size}" if group_size else "int8", str(m), str(n), str(k),
-               str(threads), c.static_kernel,
-               f"{c.static_seconds * 1e3:.3f}", c.kernel,
-               f"rows={b.rows} chunk={b.chunk_bytes >> 10}K split={b.split}"
-               + (f" k_block={b.k_block}" if b.k_block else ""), str(c.threads),
-               f"{c.seconds * 1e3:.3f}", f"{c.gain:.2f}", str(c.candidates),
-               f"{c.tuning_seconds:.2f}")
-        if exhaustive is not None:
-            best = exhaustive[i][1]
-            row += (f"{best.kernel} rows={best.blocking.rows} "
-                    f"chunk={best.blocking.chunk_bytes >> 10}K split={best.blocking.split} "
-                    f"thr={best.threads}", f"{ratios[i]:.3f}")
-        rows.append(row)
+        rows.append((dtype, f"int4 g{group_size}" if group_size else "int8", str(m), str(n),
+                     str(k), str(threads), c.static_kernel, f"{c.static_seconds * 1e3:.3f}",
+                     _describe(c), f"{c.seconds * 1e3:.3f}", f"{c.gain:.2f}",
+                     str(c.candidates), f"{c.tuning_seconds:.2f}")
+                    + tuple(cells[i] for _, cells in extra))
     header = ("dtype", "weight", "M", "N", "K", "thr", "static kernel", "static ms",
-              "tuned kernel",
-              "blocking", "thr", "tuned ms", "gain", "cands", "tune s")
-    if exhaustive is not None:
-        header += ("sweep's best", "tuned / best")
-    return _table_lines(header, rows)
+              "tuned choice", "tuned ms", "gain", "cands", "tune s")
+    return _table_lines(header + tuple(h for h, _ in extra), rows)
+
+
+def _widened_mib(key: tuple, c: tuning.Choice) -> str:
+    """The MiB of the widened copy a choice runs on, or "-"."""
+    if c.weight_form != "widened":
+        return "-"
+    _, _, n, k, _, _ = key
+    return f"{qkern.dispatch.widened_nbytes(qkern.dispatch.get_kernel(c.kernel), n, k) / 2**20:.0f}"
+
+
+def _bytes_arg(text: str) -> int:
+    """A byte count: an int, or with a K, M or G suffix (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    try:
+        value = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected bytes such as 512M or 2G, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected bytes >= 0, got {text!r}")
+    return value
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -296,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune_parser.add_argument("--exhaustive", action="store_true",
                              help="also time every candidate of the search space, and show the "
                                   "tuned choice's time over the sweep's best")
+    tune_parser.add_argument("--memory-budget", type=_bytes_arg, default=0, metavar="BYTES",
+                             help="let a layer hold a copy of its weight widened beforehand of "
+                                  "up to BYTES (e.g. 512M; WoqLinear's memory_budget), and show "
+                                  "the choice without it, the time with over without (side by "
+                                  "side) and the copy's size")
     return parser
 
 
@@ -322,14 +341,24 @@ def main(argv=None) -> int:
         if group and any(k % group for _, k in args.shapes):
             build_parser().error(f"--int4-group {group}: every K of --shapes must be a "
                                  "multiple of it")
-        results = qkern.tune(shapes, args.dtypes, threads, progress=True, group_size=group)
-        sweep = ratios = None
+        budget = args.memory_budget
+        results = qkern.tune(shapes, args.dtypes, threads, progress=True, group_size=group,
+                             memory_budget=budget)
+        extra = []
         if args.exhaustive:
             sweep = qkern.tune(shapes, args.dtypes, threads, exhaustive=True, progress=True,
-                               group_size=group)
-            ratios = [tuning.compare(key, c, best) for (key, c), (_, best) in zip(results, sweep)]
+                               group_size=group, memory_budget=budget)
+            extra += [("sweep's best", [_describe(best) for _, best in sweep]),
+                      ("tuned / best", [f"{tuning.compare(key, c, best):.3f}"
+                                        for (key, c), (_, best) in zip(results, sweep)])]
+        if budget:
+            packed = qkern.tune(shapes, args.dtypes, threads, group_size=group)
+            extra += [("without widened copy", [_describe(c) for _, c in packed]),
+                      ("with / without", [f"{tuning.compare(key, c, p):.3f}"
+                                          for (key, c), (_, p) in zip(results, packed)]),
+                      ("copy MiB", [_widened_mib(key, c) for key, c in results])]
         print(f"tuning file: {tuning.cache_path()}")
-        print("\n".join(tune_lines(results, sweep, ratios)))
+        print("\n".join(tune_lines(results, tuple(extra))))
         spent = sorted(c.tuning_seconds for _, c in results)
         if spent:
             print(f"tuning time per key: median {spent[len(spent) // 2]:.2f} s, "

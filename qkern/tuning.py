@@ -3,13 +3,17 @@ threads) among the candidates that compute it correctly.
 
 A **candidate** is a registry kernel that this process may run and that
 reads the layer's packed layout (int8, or the int4 layout of a
-:class:`~qkern.Int4Linear`), a :class:`~qkern.dispatch.Blocking`, and a
-thread count no larger than the call's. The search starts from the static
+:class:`~qkern.Int4Linear`), a :class:`~qkern.dispatch.Blocking`, a
+thread count no larger than the call's, and a **weight form**: the packed
+weight (widened chunk by chunk during the call by a kernel on widened
+panels), or, for such a kernel, a copy of the whole weight widened
+beforehand and kept by the layer, when its bytes fit the layer's
+``memory_budget`` (:class:`~qkern.WoqLinear`). The search starts from the static
 rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
 the kernel (of the static choice's ISA level), then the thread count, the
 split, the chunk size, the rows per task and, for K-block kernels, the K
-block. Each candidate:
+block, and tries the widened copy for the kernels that read one. Each candidate:
 
 1. is **verified** once, on the tuning input, before it may win: the input
    holds small integers (x in {-1, 0, 1}, scales 2**-6; int4 zeros are
@@ -38,7 +42,8 @@ speed on the slice stands for its speed on the whole.
 Results are kept per key: the CPU signature (vendor, family, model, ISA
 features, L2 and L3 sizes), the qkern version, dtype, M bucket (M itself up
 to 16, then the next power of two), N, K, threads, packed layout, weight
-(``int8``, or ``int4g<G>`` for int4 in groups of G) and ISA cap; in memory
+(``int8``; ``int8+widened`` when the budget holds a widened copy;
+``int4g<G>`` for int4 in groups of G) and ISA cap; in memory
 for the process, and in ``tune.json`` under the user cache
 directory (``QKERN_CACHE_DIR``, else ``platformdirs.user_cache_dir("qkern")``
 where installed, else ``$XDG_CACHE_HOME/qkern`` or ``~/.cache/qkern``),
@@ -56,7 +61,8 @@ tune`` tune ahead of time.
 No bits change with the choice when the tuner keeps the static rule's
 kernel: a blocking or thread count never changes a result
 (:ref:`determinism`), and neither does another kernel on packed panels of
-the same ISA level.
+the same ISA level, nor a widened copy (its kernel sums in the order of its
+packed twin).
 """
 
 from __future__ import annotations
@@ -81,8 +87,8 @@ from qkern._lru import LruCache
 from qkern._version import __version__
 from qkern.dispatch import Blocking, Kernel
 
-__all__ = ["Choice", "autotune_enabled", "cache_path", "choice_for", "clear", "compare",
-           "cpu_signature", "m_bucket", "tune"]
+__all__ = ["Choice", "WEIGHT_FORMS", "autotune_enabled", "cache_path", "check_memory_budget",
+           "choice_for", "clear", "compare", "cpu_signature", "m_bucket", "tune", "widened_ok"]
 
 FILE_FORMAT = 2
 # Tuning problem size: at most this many rows, and columns for about this
@@ -96,8 +102,9 @@ CUT_OFF = 1.25
 WARM_UP_SECONDS = 0.02
 FINAL_ROUNDS = 5
 
-# The values each dimension takes in the search (the kernel's default too).
-CHUNK_BYTES = (128 << 10, 256 << 10, 512 << 10)
+# The values each dimension takes in the search (the kernel's default too);
+# chunks: half, once and twice the kernel's default chunk bytes.
+CHUNK_SCALES = (0.5, 1, 2)
 PANEL_ROWS = (64, 128, 256, 512)
 KBLOCK_ROWS = (256, 1024, 2048)
 K_BLOCKS = (512, 1024, 2048)
@@ -111,6 +118,16 @@ if _ENV not in ("0", "1"):
 _verify_hook = None
 
 
+def check_memory_budget(memory_budget) -> int:
+    """``memory_budget`` as an int of bytes >= 0; TypeError / ValueError otherwise."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)):
+        raise TypeError(f"memory_budget: expected an int of bytes, "
+                        f"got {type(memory_budget).__name__}")
+    if memory_budget < 0:
+        raise ValueError(f"memory_budget: expected bytes >= 0, got {memory_budget}")
+    return int(memory_budget)
+
+
 def autotune_enabled() -> bool:
     """Whether ``QKERN_AUTOTUNE=1``: layers tune each new key on first use."""
     return _ENV == "1"
@@ -119,6 +136,8 @@ def autotune_enabled() -> bool:
 @dataclass(frozen=True)
 class Choice:
     """What the tuner chose for one key, and how it measured.
+
+    (:attr:`weight_form` is last so that a choice reads as before without it.)
 
     Attributes
     ----------
@@ -138,6 +157,11 @@ class Choice:
         Candidates timed (verified ones; those cut off early count).
     tuning_seconds : float
         Wall time the tuning took.
+    weight_form : str
+        ``"packed"``: the kernel runs on the layer's packed weight;
+        ``"widened"``: on a copy of the weight widened beforehand for it
+        (:func:`qkern.dispatch.widened_nbytes` bytes, within the layer's
+        ``memory_budget``).
     """
 
     kernel: str
@@ -148,6 +172,7 @@ class Choice:
     static_kernel: str
     candidates: int
     tuning_seconds: float
+    weight_form: str = "packed"
 
     @property
     def gain(self) -> float:
@@ -348,16 +373,22 @@ def clear() -> None:
     _STORE.clear()
 
 
-def _weight(group_size: int) -> str:
-    """The weight part of a key: ``int8``, or ``int4g<G>``."""
-    return f"int4g{group_size}" if group_size else "int8"
+WEIGHT_FORMS = ("packed", "widened")
+
+
+def _weight(group_size: int, widened_ok: bool = False) -> str:
+    """The weight part of a key: ``int8`` (``int8+widened`` when a widened
+    copy is a candidate), or ``int4g<G>``."""
+    if group_size:
+        return f"int4g{group_size}"
+    return "int8+widened" if widened_ok else "int8"
 
 
 def _key(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
-         group_size: int = 0) -> tuple:
+         group_size: int = 0, widened_ok: bool = False) -> tuple:
     """(dtype, M bucket, N, K, threads, nr, kr, weight, ISA cap): plain str and ints."""
     return (dtype, m_bucket(int(m)), int(n), int(k), int(threads), int(layout[0]),
-            int(layout[1]), _weight(group_size), dispatch.ISA_CAP)
+            int(layout[1]), _weight(group_size, widened_ok), dispatch.ISA_CAP)
 
 
 def _own_entry_to_replace(old: dict, new: dict) -> bool:
@@ -392,6 +423,9 @@ def _usable(choice: Choice, key: tuple) -> bool:
     if tuple(key[5:7]) != kern.layout or type(choice.threads) is not int \
             or not 1 <= choice.threads <= key[4]:
         return False
+    if choice.weight_form not in WEIGHT_FORMS or (choice.weight_form == "widened" and not (
+            kern.reads_widened_copy and key[7].endswith("+widened"))):
+        return False
     try:
         choice.blocking.check(kern.kind)
     except (ValueError, TypeError):
@@ -399,27 +433,44 @@ def _usable(choice: Choice, key: tuple) -> bool:
     return True
 
 
+def widened_ok(dtype, m: int, n: int, k: int, layout: tuple, memory_budget: int) -> bool:
+    """Whether a widened copy of the (n, k) weight is a candidate for an
+    ``m``-row call: a kernel of the static choice's ISA level reads one and
+    its bytes fit ``memory_budget``."""
+    if memory_budget <= 0:
+        return False
+    name = dtype_name(dtype)
+    isa = dispatch.choose_kernel(DTYPES[name], m, layout).isa
+    return any(kern.reads_widened_copy and dispatch.widened_nbytes(kern, n, k) <= memory_budget
+               for kern in _kernels(name, layout, isa, dispatch.INT8))
+
+
 @dataclass(frozen=True)
 class _Candidate:
     kernel: Kernel
     blocking: Blocking
     threads: int
+    widened: bool = False  # runs on the weight widened beforehand
 
     def describe(self) -> str:
-        return f"{self.kernel.name} {self.blocking} threads={self.threads}"
+        form = " on a widened copy" if self.widened else ""
+        return f"{self.kernel.name}{form} {self.blocking} threads={self.threads}"
 
 
 class _Problem:
     """The tuning input of one key: exact data, its exact result, packed
-    (int8, or int4 in groups of ``group_size`` when that is not 0)."""
+    (int8, or int4 in groups of ``group_size`` when that is not 0), and
+    widened for the candidates that run on a widened copy."""
 
     def __init__(self, dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
                  group_size: int = 0):
+        self._widened: dict = {}
         self.dtype = DTYPES[dtype]
         self.m = min(m_bucket(m), MAX_ROWS)
         nr = layout[0]
         weight_bytes = k // 2 if group_size else k  # per column
-        panels_per_chunk = max(1, max(CHUNK_BYTES) // max(weight_bytes * nr, 1))
+        largest_chunk = max(CHUNK_SCALES) * max(k.blocking.chunk_bytes for k in dispatch.REGISTRY)
+        panels_per_chunk = max(1, int(largest_chunk) // max(weight_bytes * nr, 1))
         cols = max(4 * threads * panels_per_chunk * nr,
                    min(int(TARGET_MACS / max(self.m * k, 1)),
                        MAX_WEIGHT_BYTES // max(weight_bytes, 1)))
@@ -459,8 +510,13 @@ class _Problem:
                                  self.sz, None, None, cand.threads, (), cand.blocking)
         from qkern.woq import _run
 
+        widened = None
+        if cand.widened:
+            if cand.kernel.name not in self._widened:
+                self._widened[cand.kernel.name] = self.packed.widened(cand.kernel)
+            widened = self._widened[cand.kernel.name]
         return _run(cand.kernel, x, self.packed.data, self.layout, self.n, self.k,
-                    self.scale_f32, None, None, cand.threads, (), cand.blocking)
+                    self.scale_f32, None, None, cand.threads, (), cand.blocking, widened)
 
     def verify(self, cand: _Candidate) -> bool:
         y = self.run(cand, self.x[0])
@@ -530,7 +586,8 @@ def _blockings(kern: Kernel, base: Blocking, dimension: str) -> list:
     if dimension == "split":
         return [replace(base, split=s) for s in dispatch.SPLITS] if kern.kind != "kblock" else []
     if dimension == "chunk_bytes":
-        return [replace(base, chunk_bytes=c) for c in CHUNK_BYTES]
+        return [replace(base, chunk_bytes=int(kern.blocking.chunk_bytes * f))
+                for f in CHUNK_SCALES]
     if dimension == "rows":
         rows = KBLOCK_ROWS if kern.kind == "kblock" else PANEL_ROWS
         return [replace(base, rows=r) for r in rows]
@@ -556,8 +613,14 @@ def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:
             and k.kind != "unpacked"]
 
 
+def _forms(kern: Kernel, widened_ok: bool) -> tuple:
+    """The weight forms ``kern`` may run on: packed, and widened beforehand
+    when it reads such a copy and the key allows one."""
+    return (False, True) if widened_ok and kern.reads_widened_copy else (False,)
+
+
 def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
-          exhaustive: bool = False, group_size: int = 0) -> Choice:
+          exhaustive: bool = False, group_size: int = 0, widened_ok: bool = False) -> Choice:
     start = time.perf_counter()
     problem = _Problem(dtype, m, n, k, threads, layout, group_size)
     search = _Search(problem)
@@ -573,10 +636,13 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
             for split, chunk, rows, kb in itertools.product(*dims):
                 blocking = replace(kern.blocking, split=split.split, rows=rows.rows,
                                    chunk_bytes=chunk.chunk_bytes, k_block=kb.k_block)
-                search.improve(_Candidate(kern, blocking, t) for t in _thread_counts(threads))
+                search.improve(_Candidate(kern, blocking, t, form)
+                               for t in _thread_counts(threads)
+                               for form in _forms(kern, widened_ok))
     else:
-        search.improve(_Candidate(kern, kern.blocking, threads)
-                       for kern in _kernels(dtype, layout, static_kern.isa, weight_format))
+        search.improve(_Candidate(kern, kern.blocking, threads, form)
+                       for kern in _kernels(dtype, layout, static_kern.isa, weight_format)
+                       for form in _forms(kern, widened_ok))
         if search.best is not None:
             best = search.best
             search.improve(replace(best, threads=t) for t in _thread_counts(threads))
@@ -595,7 +661,8 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     return Choice(kernel=best.kernel.name, blocking=best.blocking, threads=best.threads,
                   seconds=seconds, static_seconds=static_seconds,
                   static_kernel=static_kern.name, candidates=search.timed,
-                  tuning_seconds=time.perf_counter() - start)
+                  tuning_seconds=time.perf_counter() - start,
+                  weight_form="widened" if best.widened else "packed")
 
 
 def compare(key: tuple, a: Choice, b: Choice) -> float:
@@ -605,7 +672,8 @@ def compare(key: tuple, a: Choice, b: Choice) -> float:
     dtype, m, n, k, threads, group_size = key
     layout = _layout(dtype, group_size)
     search = _Search(_Problem(dtype, m, n, k, threads, layout, group_size))
-    ca, cb = (_Candidate(dispatch.get_kernel(c.kernel), c.blocking, c.threads) for c in (a, b))
+    ca, cb = (_Candidate(dispatch.get_kernel(c.kernel), c.blocking, c.threads,
+                         c.weight_form == "widened") for c in (a, b))
     search.warm_up(ca)
     ta, tb = search.side_by_side(ca, cb)
     return ta / tb
@@ -619,7 +687,7 @@ def _layout(dtype: str, group_size: int) -> tuple:
 
 
 def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None = None,
-               group_size: int = 0) -> Choice:
+               group_size: int = 0, memory_budget: int = 0) -> Choice:
     """The tuned choice for a key: from memory, else the file, else tuned now
     (and saved). Threads missing on one key tune it once.
 
@@ -636,6 +704,9 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
         dtype packs (:func:`qkern.dispatch.choose_layout`, or the int4 layout).
     group_size : int
         0 for an int8 weight; else int4 in groups of this many k.
+    memory_budget : int
+        Bytes the layer may spend on a widened copy of an int8 weight
+        (:func:`widened_ok`); 0: the packed weight only.
 
     Returns
     -------
@@ -643,13 +714,14 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
     """
     name = dtype_name(dtype)
     layout = tuple(layout) if layout is not None else _layout(name, group_size)
-    key = _key(name, m, n, k, threads, layout, group_size)
+    ok = not group_size and widened_ok(name, m, n, k, layout, memory_budget)
+    key = _key(name, m, n, k, threads, layout, group_size, ok)
 
     def build():
         found = _STORE.lookup_file(key)
         if found is not None:
             return found
-        choice = _tune(name, m, n, k, threads, layout, group_size=group_size)
+        choice = _tune(name, m, n, k, threads, layout, group_size=group_size, widened_ok=ok)
         _STORE.save(key, choice)
         return choice
 
@@ -657,7 +729,7 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
 
 
 def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bool = False,
-         progress: bool = False, group_size: int = 0) -> list:
+         progress: bool = False, group_size: int = 0, memory_budget: int = 0) -> list:
     """Tune ahead of time: every (M, N, K) of ``shapes`` for every dtype and
     thread count, kept in memory and in the file.
 
@@ -678,6 +750,10 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     group_size : int
         0 (the default) for int8 weights; else int4 weights in groups of
         this many k (32, 64, 128 or 256; :class:`qkern.Int4Linear`).
+    memory_budget : int
+        Bytes a layer may spend on a weight widened beforehand, as
+        :class:`qkern.WoqLinear`'s ``memory_budget`` (int8 weights only);
+        0 (the default): the packed weight only.
 
     Returns
     -------
@@ -689,6 +765,7 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     if group_size not in (0,) + GROUP_SIZES:
         raise ValueError(f"group_size: expected 0 (int8) or one of {GROUP_SIZES}, "
                          f"got {group_size!r}")
+    memory_budget = check_memory_budget(memory_budget)
     shapes = [tuple(int(v) for v in shape) for shape in shapes]
     for _, _, k in shapes:
         if group_size and k % group_size:
@@ -707,11 +784,13 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
             bar = None
     out = []
     for dtype, m, n, k, t in jobs:
+        layout = _layout(dtype, group_size)
         if exhaustive:
-            choice = _tune(dtype, m, n, k, t, _layout(dtype, group_size), exhaustive=True,
-                           group_size=group_size)
+            ok = not group_size and widened_ok(dtype, m, n, k, layout, memory_budget)
+            choice = _tune(dtype, m, n, k, t, layout, exhaustive=True, group_size=group_size,
+                           widened_ok=ok)
         else:
-            choice = choice_for(dtype, m, n, k, t, group_size=group_size)
+            choice = choice_for(dtype, m, n, k, t, layout, group_size, memory_budget)
         out.append(((dtype, m, n, k, t, group_size), choice))
         if bar is not None:
             bar.update(1)

@@ -7,6 +7,7 @@ accumulation and a single rounding to the dtype of ``x`` (docs/semantics.rst).
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -21,6 +22,7 @@ from qkern.dispatch import (
     choose_kernel,
     choose_layout,
     get_kernel,
+    widened_nbytes,
 )
 from qkern.packing import PackedWeight, check_int8_weight
 
@@ -285,9 +287,12 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
 class WoqLinear:
     """A linear layer with int8 weights packed once, ``y = x @ (w * scales).T + bias``.
 
-    Holds exactly one packed copy of the weight (a
+    Holds one packed copy of the weight (a
     :class:`~qkern.packing.PackedWeight`), in the layout of the kernels
-    chosen for this CPU; the caller's ``w`` is not kept.
+    chosen for this CPU; the caller's ``w`` is not kept. Under
+    ``QKERN_AUTOTUNE=1`` and with a ``memory_budget``, it may also hold a
+    copy widened beforehand, made on the first call whose tuned choice runs
+    on it (:doc:`/tuning`).
 
     Parameters
     ----------
@@ -302,6 +307,12 @@ class WoqLinear:
     kernel : str, optional
         Force one registry kernel (see :func:`qkern.kernels`), for testing
         and benchmarking; default: chosen per call from the batch size.
+    memory_budget : int, optional
+        Bytes this layer may spend on one copy of the weight widened
+        beforehand (4 bytes a value for the AVX2 ``f32w`` kernel): made when
+        the tuner finds a kernel faster on it (:func:`qkern.tuning.widened_ok`),
+        or for a forced kernel that reads widened panels, if it fits;
+        default 0: the packed weight only.
 
     Examples
     --------
@@ -314,7 +325,8 @@ class WoqLinear:
     (2, 3)
     """
 
-    def __init__(self, w, scales, bias=None, *, kernel: str | None = None):
+    def __init__(self, w, scales, bias=None, *, kernel: str | None = None,
+                 memory_budget: int = 0):
         if not isinstance(w, PackedWeight):
             w = check_int8_weight(w)
         n, k = w.shape
@@ -337,6 +349,9 @@ class WoqLinear:
         self._bias = None if bias is None else bias.copy()
         self._scale_f32 = _padded_f32(scales, layout[0])
         self._bias_f32 = _padded_f32(bias, layout[0])
+        self._memory_budget = tuning.check_memory_budget(memory_budget)
+        self._widened: dict = {}  # kernel name -> the weight widened for it
+        self._widened_lock = threading.Lock()
 
     @property
     def shape(self) -> tuple:
@@ -355,9 +370,22 @@ class WoqLinear:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the packed weight plus scales and bias (in both forms)."""
+        """Bytes held: the packed weight, any widened copy (:attr:`widened_nbytes`),
+        scales and bias (in both forms)."""
         held = [self._scales, self._bias, self._scale_f32, self._bias_f32]
-        return self._weight.nbytes + sum(a.nbytes for a in held if a is not None)
+        return (self._weight.nbytes + self.widened_nbytes
+                + sum(a.nbytes for a in held if a is not None))
+
+    @property
+    def widened_nbytes(self) -> int:
+        """Bytes of the copy of the weight widened beforehand (0 while there is none)."""
+        with self._widened_lock:
+            return sum(a.nbytes for a in self._widened.values())
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes this layer may spend on a widened copy of its weight."""
+        return self._memory_budget
 
     @property
     def scales(self) -> np.ndarray:
@@ -377,15 +405,33 @@ class WoqLinear:
         return self._plan(m, num_threads, None)[0]
 
     def _plan(self, m: int, num_threads, blocking) -> tuple:
-        """``(kernel, blocking, num_threads)`` of a call with ``m`` rows."""
+        """``(kernel, blocking, num_threads, on a widened copy)`` of a call
+        with ``m`` rows."""
+        n, k = self.shape
         if self._forced is not None:
-            return self._forced, blocking, num_threads
+            return self._forced, blocking, num_threads, self._copy_fits(self._forced)
         if tuning.autotune_enabled() and blocking is None and m > 0:
             threads = _cpu.threads_for_call(_check_threads(num_threads))
-            n, k = self.shape
-            choice = tuning.choice_for(self.dtype, m, n, k, threads, self.layout)
-            return get_kernel(choice.kernel), choice.blocking, choice.threads
-        return choose_kernel(self.dtype, m, self.layout), blocking, num_threads
+            choice = tuning.choice_for(self.dtype, m, n, k, threads, self.layout,
+                                       memory_budget=self._memory_budget)
+            kern = get_kernel(choice.kernel)
+            widened = choice.weight_form == "widened" and self._copy_fits(kern)
+            return kern, choice.blocking, choice.threads, widened
+        return choose_kernel(self.dtype, m, self.layout), blocking, num_threads, False
+
+    def _copy_fits(self, kern: Kernel) -> bool:
+        """Whether ``kern`` runs on a widened copy that fits the budget."""
+        size = widened_nbytes(kern, *self.shape)
+        return kern.reads_widened_copy and 0 < size <= self._memory_budget
+
+    def _widened_copy(self, kern: Kernel) -> np.ndarray:
+        """The weight widened for ``kern``, made on first use; one copy at a
+        time (a copy for another kernel replaces it, within the budget)."""
+        with self._widened_lock:
+            if kern.name not in self._widened:
+                self._widened.clear()
+                self._widened[kern.name] = self._weight.widened(kern)
+            return self._widened[kern.name]
 
     def weight(self) -> np.ndarray:
         """The int8 ``(N, K)`` weight, unpacked (a new array)."""
@@ -405,14 +451,18 @@ class WoqLinear:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
         m = math.prod(x.shape[:-1]) if x.ndim else 0
         n, k = self.shape
-        kern, blocking, num_threads = self._plan(m, num_threads, blocking)
+        kern, blocking, num_threads, widened = self._plan(m, num_threads, blocking)
         return _run(kern, x, self._weight.data, self._weight.layout, n, k,
-                    self._scale_f32, self._bias_f32, out, num_threads, (), blocking)
+                    self._scale_f32, self._bias_f32, out, num_threads, (), blocking,
+                    self._widened_copy(kern) if widened else None)
 
     def __getstate__(self) -> dict:
-        """The layer as pickled: its packed weight, scales, bias, forced kernel."""
+        """The layer as pickled: its packed weight, scales, bias, forced
+        kernel and memory budget (not a widened copy: it is made again on
+        use)."""
         return {"weight": self._weight, "scales": self._scales, "bias": self._bias,
-                "kernel": self._forced.name if self._forced else None}
+                "kernel": self._forced.name if self._forced else None,
+                "memory_budget": self._memory_budget}
 
     def __setstate__(self, state: dict) -> None:
         """Rebuild the layer from :meth:`__getstate__`'s dict, checked as the
@@ -421,13 +471,15 @@ class WoqLinear:
         read another layout (a forced kernel this machine cannot run gives
         way to the automatic choice). Nothing from the state reaches a
         kernel unchecked."""
-        if not isinstance(state, dict) or set(state) != {"weight", "scales", "bias", "kernel"}:
+        keys = {"weight", "scales", "bias", "kernel"}
+        if not isinstance(state, dict) or set(state) - {"memory_budget"} != keys:
             raise TypeError("WoqLinear state: expected a dict with the keys weight, scales, "
-                            f"bias and kernel, got {state!r:.200}")
+                            f"bias, kernel (and memory_budget), got {state!r:.200}")
         kernel = state["kernel"]
         if not any(k.name == kernel and k.available for k in REGISTRY):
             kernel = None
-        self.__init__(state["weight"], state["scales"], state["bias"], kernel=kernel)
+        self.__init__(state["weight"], state["scales"], state["bias"], kernel=kernel,
+                      memory_budget=state.get("memory_budget", 0))
 
     def __repr__(self) -> str:
         n, k = self.shape

@@ -453,15 +453,20 @@ def fuzz_weight_int8pack_mm(data: bytes):
 
 
 def fuzz_woq_linear(data: bytes):
-    """`qkern.WoqLinear`: construction (maybe forcing a kernel), maybe a pickle
-    round trip, a call, and maybe a second call that must give the same bits."""
+    """`qkern.WoqLinear`: construction (maybe forcing a kernel, maybe with a
+    memory budget for a widened copy), maybe a pickle round trip, a call,
+    and maybe a second call that must give the same bits."""
     d = Draw(data)
     c = WoqCall(d)
     kernel = None
     if d.chance(3):
         kernel = "no_such_kernel" if d.chance(10) else d.pick(qkern.kernels()).name
-    layer = c.expect(lambda: qkern.WoqLinear(c.w, c.scales, c.bias, kernel=kernel),
-                     param_refusals(c.w, c.scales, c.bias, kernel))
+    budget = d.pick((0, 1 << 30, -1)) if d.chance(3) else 0
+    refusals = param_refusals(c.w, c.scales, c.bias, kernel)
+    if budget < 0:
+        refusals.append("memory_budget < 0")
+    layer = c.expect(lambda: qkern.WoqLinear(c.w, c.scales, c.bias, kernel=kernel,
+                                             memory_budget=budget), refusals)
     if layer is None:
         return
     if d.chance(4):
@@ -481,7 +486,8 @@ def fuzz_woq_linear(data: bytes):
 CLI_WORDS = ("info", "bench", "tune", "tunes", "--quick", "--threads", "--json", "--plot",
              "--torch", "-h", "--help", "1,2", "2,0", "--shapes", "4096x4096", "64x0", "8x8x8",
              "x", "--m", "--dtypes", "bfloat16", "float32,float16", "float64", ",",
-             "--exhaustive", "--int4-group", "128", "48",
+             "--exhaustive", "--int4-group", "128", "48", "--memory-budget", "512M", "1G",
+             "2T",
              "--", "-", "=", "0", "1", "-1", "64", "1e3", "0x10", " 7", "\x00", "\u00e9",
              "/", ".", "..", "/nonexistent/dir/f.json", "out.json", "--threads=2",
              "--json=/", "--qui", "--thr", "\udcff")
@@ -537,6 +543,8 @@ def _check_tune_args(argv: list, args) -> None:
         raise Finding(f"argv {argv!r}: --dtypes {args.dtypes!r} accepted")
     if not isinstance(args.exhaustive, bool):
         raise Finding(f"argv {argv!r}: --exhaustive {args.exhaustive!r}")
+    if type(args.memory_budget) is not int or args.memory_budget < 0:
+        raise Finding(f"argv {argv!r}: --memory-budget {args.memory_budget!r} accepted")
     if args.int4_group not in (0, 32, 64, 128, 256):
         raise Finding(f"argv {argv!r}: --int4-group {args.int4_group!r} accepted")
 

@@ -234,9 +234,26 @@ def test_minof_script_times_each_row_and_thread_count(capsys):
     minof.main(["64:96:1,33", "--threads", "1,2", "--dtypes", "bfloat16,float32",
                 "--reps", "2", "--copies", "2"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
-    assert [(r[2], r[3], r[5]) for r in rows] == [
-        (m, d, t) for d in ("bfloat16", "float32") for m in ("1", "33") for t in ("1", "2")]
-    assert all(0 < float(r[6]) <= float(r[7]) for r in rows)
+    assert [(r[2], r[3], r[4], r[7]) for r in rows] == [
+        (m, d, "int8", t) for d in ("bfloat16", "float32") for m in ("1", "33")
+        for t in ("1", "2")]
+    assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
+
+
+def test_minof_script_times_the_widened_copy_beside_the_packed_weight(capsys):
+    """--weights int8,int8-widened: the widened layer runs a kernel on a
+    widened copy and holds its bytes beside the packed weight."""
+    isa = qkern.dispatch.choose_kernel(np.float32, 1).isa
+    if not any(k.available and k.isa == isa and k.reads_widened_copy for k in qkern.kernels()):
+        pytest.skip(f"no kernel of level {isa} reads a widened copy")
+    minof = load_benchmark("woq_minof")
+    minof.main(["512:512:40", "--dtypes", "float32", "--weights", "int8,int8-widened",
+                "--reps", "2", "--copies", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[4] for r in rows] == ["int8", "int8-widened"]
+    assert qkern.dispatch.get_kernel(rows[1][5]).reads_widened_copy
+    assert float(rows[0][6]) < 1 <= float(rows[1][6])  # MiB: 0.25 packed, + 1 widened
+    assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
 
 
 def test_runtime_peers_run_the_same_problem():

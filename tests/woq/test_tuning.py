@@ -2,6 +2,7 @@
 autotune mode of WoqLinear, and python -m qkern tune."""
 
 import json
+import pickle
 import threading
 import warnings
 
@@ -220,7 +221,7 @@ def test_cli_tune_prints_the_table(capsys):
     assert main(["tune", "--shapes", "96x80", "--m", "1,3", "--dtypes", "float32",
                  "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "tuned kernel" in out and "gain" in out and "tuning time per key" in out
+    assert "tuned choice" in out and "gain" in out and "tuning time per key" in out
     assert len([line for line in out.splitlines() if line.startswith("float32")]) == 2
 
 
@@ -268,3 +269,133 @@ def test_cli_tunes_int4(capsys):
     with pytest.raises(SystemExit):
         main(["tune", "--shapes", "96x100", "--int4-group", "32"])
     assert "every K of --shapes must be a multiple" in capsys.readouterr().err
+
+
+def _widening_kernel(dtype="float32"):
+    """The kernel that runs on a widened copy at the static choice's level, or skip."""
+    m, n, k = SHAPE
+    isa = qkern.dispatch.choose_kernel(np.dtype(dtype), m).isa
+    found = [kern for kern in qkern.kernels() if kern.available and kern.isa == isa
+             and kern.reads_widened_copy and dtype in kern.dtypes]
+    if not found:
+        pytest.skip(f"no kernel of level {isa} runs on a widened copy")
+    return found[0]
+
+
+def _prefer_widened(cand, y):
+    """A verification hook: every candidate on the packed weight is wrong."""
+    return y if cand.widened else y + 1
+
+
+def test_a_widened_copy_is_a_candidate_only_within_the_budget(monkeypatch):
+    kern = _widening_kernel()
+    m, n, k = SHAPE
+    size = qkern.dispatch.widened_nbytes(kern, n, k)
+    verified = []
+    monkeypatch.setattr(tuning, "_verify_hook", lambda cand, y: verified.append(cand) or y)
+    tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=size - 1)
+    assert verified and not any(c.widened for c in verified)
+    assert not tuning.widened_ok(np.float32, m, n, k, kern.layout, size - 1)
+    verified.clear()
+    choice = tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=size)
+    assert any(c.widened and c.kernel == kern for c in verified)
+    assert not any(c.widened and not c.kernel.widened for c in verified)
+    assert choice.weight_form in tuning.WEIGHT_FORMS
+
+
+def test_budget_keys_are_apart_and_round_trip(cache_dir, monkeypatch):
+    """A key whose budget holds a widened copy is its own (int8+widened), and
+    a stored widened choice reads back as it was written."""
+    kern = _widening_kernel()
+    m, n, k = SHAPE
+    with pytest.warns(RuntimeWarning, match="dropped"):
+        monkeypatch.setattr(tuning, "_verify_hook", _prefer_widened)
+        widened = tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=1 << 30)
+    monkeypatch.setattr(tuning, "_verify_hook", None)
+    assert widened.weight_form == "widened" and widened.kernel == kern.name
+    packed = tuning.choice_for(np.dtype(np.float32), m, n, k, 1)
+    assert packed.weight_form == "packed"
+    keys = sorted(e["key"][7] for e in json.loads((cache_dir / "tune.json").read_text())
+                  ["entries"])
+    assert keys == ["int8", "int8+widened"]
+    tuning.clear()
+    calls = _count_tunings(monkeypatch)
+    assert tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=1 << 30) == widened
+    assert calls == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_layer_on_its_widened_copy_gives_the_packed_bits(monkeypatch, dtype):
+    """When the tuner picks the widened copy, the layer makes it once, within
+    its budget, counts it in nbytes, and returns the bits of the packed
+    weight (the kernel sums in the order of its packed twin)."""
+    kern = _widening_kernel(dtype)
+    rng = np.random.default_rng(3)
+    m, n, k = SHAPE
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.01, 0.1, n).astype(dtype)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    size = qkern.dispatch.widened_nbytes(kern, n, k)
+    layer = qkern.WoqLinear(w, s, memory_budget=size)
+    small = qkern.WoqLinear(w, s, memory_budget=size - 1)
+    want = layer(x, num_threads=1)
+    base = layer.nbytes
+    monkeypatch.setattr(tuning, "_ENV", "1")
+    monkeypatch.setattr(tuning, "_verify_hook", _prefer_widened)
+    with pytest.warns(RuntimeWarning, match="dropped"):
+        got = layer(x, num_threads=1)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert layer.widened_nbytes == size and layer.nbytes == base + size
+    assert np.array_equal(layer(x, num_threads=1).view(np.uint8), want.view(np.uint8))
+    assert layer.widened_nbytes == size  # one copy, made once
+    monkeypatch.setattr(tuning, "_verify_hook", None)
+    assert np.array_equal(small(x, num_threads=1).view(np.uint8), want.view(np.uint8))
+    assert small.widened_nbytes == 0
+    clone = pickle.loads(pickle.dumps(layer))
+    assert clone.memory_budget == size and clone.widened_nbytes == 0
+
+
+def test_memory_budget_is_checked():
+    w, s = np.ones((3, 5), np.int8), np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="memory_budget"):
+        qkern.WoqLinear(w, s, memory_budget=-1)
+    with pytest.raises(TypeError, match="memory_budget"):
+        qkern.WoqLinear(w, s, memory_budget=1.5)
+    with pytest.raises(TypeError, match="memory_budget"):
+        qkern.tune([(1, 3, 5)], memory_budget="1G")
+
+
+def test_cli_tune_with_a_memory_budget_shows_both_forms(capsys):
+    assert main(["tune", "--shapes", "96x80", "--m", "3", "--dtypes", "float32",
+                 "--threads", "1", "--memory-budget", "1M"]) == 0
+    out = capsys.readouterr().out
+    assert "without widened copy" in out and "with / without" in out and "copy MiB" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("float32")]
+    ratio = float(row.split()[-2])
+    assert 0 < ratio < 100
+
+
+def test_cli_memory_budget_takes_units():
+    from qkern.__main__ import _bytes_arg
+
+    assert [_bytes_arg(t) for t in ("0", "4096", "64k", "512M", "2G")] == \
+        [0, 4096, 64 << 10, 512 << 20, 2 << 30]
+    for bad in ("-1", "1T", "lots", ""):
+        with pytest.raises(Exception, match="expected bytes"):
+            _bytes_arg(bad)
+
+
+def test_a_forced_widening_kernel_runs_on_a_copy_that_fits():
+    """kernel= a kernel on widened panels: a widened copy when the budget
+    holds it, else chunk-by-chunk widening; the same bits either way."""
+    kern = _widening_kernel()
+    rng = np.random.default_rng(4)
+    m, n, k = SHAPE
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.01, 0.1, n).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    size = qkern.dispatch.widened_nbytes(kern, n, k)
+    roomy = qkern.WoqLinear(w, s, kernel=kern.name, memory_budget=size)
+    tight = qkern.WoqLinear(w, s, kernel=kern.name, memory_budget=size - 1)
+    assert np.array_equal(roomy(x).view(np.uint8), tight(x).view(np.uint8))
+    assert roomy.widened_nbytes == size and tight.widened_nbytes == 0
