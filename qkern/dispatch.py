@@ -326,6 +326,13 @@ def widened_nbytes(kern: Kernel, n: int, k: int) -> int:
     return _woq.widened_size(kern.index, n, k)
 
 
+def widened_copy_fits(kern: Kernel, n: int, k: int, memory_budget: int) -> bool:
+    """Whether ``kern`` runs on a copy of an ``(n, k)`` weight widened
+    beforehand and that copy (of at least one byte) fits ``memory_budget``."""
+    size = widened_nbytes(kern, n, k) if kern.reads_widened_copy else 0
+    return 0 < size <= memory_budget and size < 2**64 - 1
+
+
 def get_kernel(name: str) -> Kernel:
     """The registry entry called ``name``; ValueError if unknown or not runnable here."""
     for k in REGISTRY:

@@ -13,7 +13,9 @@ rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
 the kernel (of the static choice's ISA level), then the thread count, the
 split, the chunk size, the rows per task and, for K-block kernels, the K
-block, and tries the widened copy for the kernels that read one. Each candidate:
+block, and tries the widened copy for the kernels that read one (which
+must then beat the best candidate on the packed weight by 5 %, side by
+side: it costs memory). Each candidate:
 
 1. is **verified** once, on the tuning input, before it may win: the input
    holds small integers (x in {-1, 0, 1}, scales 2**-6; int4 zeros are
@@ -33,8 +35,8 @@ choice stays unless the winner beats it there too. Both times in a
 :class:`Choice` come from that side-by-side run.
 
 Large problems are tuned on a slice of the weight's columns (never fewer
-than four chunks of the largest chunk size per thread, so that every chunk
-size still spreads over the threads; at most 16 MiB of weight beyond that)
+than four chunks of 512 KiB per thread, so that the usual chunk sizes still
+spread over the threads; at most 16 MiB of weight beyond that)
 and at most 64 rows of the M bucket:
 the cost per shape stays around half a second on two cores. A candidate's
 speed on the slice stands for its speed on the whole.
@@ -92,13 +94,18 @@ __all__ = ["Choice", "WEIGHT_FORMS", "autotune_enabled", "cache_path", "check_me
 
 FILE_FORMAT = 2
 # Tuning problem size: at most this many rows, and columns for about this
-# many multiply-adds per call, but never fewer than four chunks of the
-# largest chunk size per thread.
+# many multiply-adds per call, but never fewer than four chunks of
+# SLICE_CHUNK_BYTES per thread (twice the usual default chunk; the 1x16's
+# larger chunks see fewer, which keeps its M = 1 keys cheap to tune).
 MAX_ROWS = 64
+SLICE_CHUNK_BYTES = 512 << 10
 TARGET_MACS = 1e8
 MAX_WEIGHT_BYTES = 16 << 20
 RUNS = 3
 CUT_OFF = 1.25
+# A copy widened beforehand (four times the packed bytes) must run this
+# much faster than the best candidate on the packed weight to be chosen.
+COPY_MIN_GAIN = 1.05
 WARM_UP_SECONDS = 0.02
 FINAL_ROUNDS = 5
 
@@ -180,8 +187,12 @@ class Choice:
         return self.static_seconds / self.seconds
 
     def to_json(self) -> dict:
+        """The choice as a JSON-able dict (``weight_form`` only when not
+        ``"packed"``, so that a file stays readable where it is unknown)."""
         out = asdict(self)
         out["blocking"] = asdict(self.blocking)
+        if out["weight_form"] == "packed":
+            del out["weight_form"]
         return out
 
     @classmethod
@@ -441,7 +452,7 @@ def widened_ok(dtype, m: int, n: int, k: int, layout: tuple, memory_budget: int)
         return False
     name = dtype_name(dtype)
     isa = dispatch.choose_kernel(DTYPES[name], m, layout).isa
-    return any(kern.reads_widened_copy and dispatch.widened_nbytes(kern, n, k) <= memory_budget
+    return any(dispatch.widened_copy_fits(kern, n, k, memory_budget)
                for kern in _kernels(name, layout, isa, dispatch.INT8))
 
 
@@ -469,8 +480,7 @@ class _Problem:
         self.m = min(m_bucket(m), MAX_ROWS)
         nr = layout[0]
         weight_bytes = k // 2 if group_size else k  # per column
-        largest_chunk = max(CHUNK_SCALES) * max(k.blocking.chunk_bytes for k in dispatch.REGISTRY)
-        panels_per_chunk = max(1, int(largest_chunk) // max(weight_bytes * nr, 1))
+        panels_per_chunk = max(1, SLICE_CHUNK_BYTES // max(weight_bytes * nr, 1))
         cols = max(4 * threads * panels_per_chunk * nr,
                    min(int(TARGET_MACS / max(self.m * k, 1)),
                        MAX_WEIGHT_BYTES // max(weight_bytes, 1)))
@@ -613,14 +623,14 @@ def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:
             and k.kind != "unpacked"]
 
 
-def _forms(kern: Kernel, widened_ok: bool) -> tuple:
+def _forms(kern: Kernel, n: int, k: int, memory_budget: int) -> tuple:
     """The weight forms ``kern`` may run on: packed, and widened beforehand
-    when it reads such a copy and the key allows one."""
-    return (False, True) if widened_ok and kern.reads_widened_copy else (False,)
+    when its own copy of the (n, k) weight fits ``memory_budget``."""
+    return (False, True) if dispatch.widened_copy_fits(kern, n, k, memory_budget) else (False,)
 
 
 def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
-          exhaustive: bool = False, group_size: int = 0, widened_ok: bool = False) -> Choice:
+          exhaustive: bool = False, group_size: int = 0, memory_budget: int = 0) -> Choice:
     start = time.perf_counter()
     problem = _Problem(dtype, m, n, k, threads, layout, group_size)
     search = _Search(problem)
@@ -638,11 +648,11 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
                                    chunk_bytes=chunk.chunk_bytes, k_block=kb.k_block)
                 search.improve(_Candidate(kern, blocking, t, form)
                                for t in _thread_counts(threads)
-                               for form in _forms(kern, widened_ok))
+                               for form in _forms(kern, n, k, memory_budget))
     else:
         search.improve(_Candidate(kern, kern.blocking, threads, form)
                        for kern in _kernels(dtype, layout, static_kern.isa, weight_format)
-                       for form in _forms(kern, widened_ok))
+                       for form in _forms(kern, n, k, memory_budget))
         if search.best is not None:
             best = search.best
             search.improve(replace(best, threads=t) for t in _thread_counts(threads))
@@ -653,7 +663,16 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     if search.best is None or not math.isfinite(search.best_seconds):
         raise RuntimeError(f"qkern.tune: no candidate computed dtype={dtype} M={m} N={n} K={k} "
                            "correctly (see the warnings)")
-    best, (seconds, static_seconds) = search.best, (search.best_seconds,) * 2
+    best = search.best
+    packed = [c for c, t in search.seen.items() if not c.widened and math.isfinite(t)]
+    if best.widened and packed:
+        # the copy costs memory: it must beat the best on the packed weight
+        # by COPY_MIN_GAIN, side by side
+        runner_up = min(packed, key=search.seen.get)
+        on_copy, on_packed = search.side_by_side(best, runner_up)
+        if on_copy * COPY_MIN_GAIN > on_packed:
+            best = runner_up
+    seconds = static_seconds = search.seen[best]
     if best != static:
         seconds, static_seconds = search.side_by_side(best, static)
         if seconds >= static_seconds and math.isfinite(search.seen[static]):
@@ -721,7 +740,8 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
         found = _STORE.lookup_file(key)
         if found is not None:
             return found
-        choice = _tune(name, m, n, k, threads, layout, group_size=group_size, widened_ok=ok)
+        choice = _tune(name, m, n, k, threads, layout, group_size=group_size,
+                       memory_budget=memory_budget if ok else 0)
         _STORE.save(key, choice)
         return choice
 
@@ -786,9 +806,8 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     for dtype, m, n, k, t in jobs:
         layout = _layout(dtype, group_size)
         if exhaustive:
-            ok = not group_size and widened_ok(dtype, m, n, k, layout, memory_budget)
             choice = _tune(dtype, m, n, k, t, layout, exhaustive=True, group_size=group_size,
-                           widened_ok=ok)
+                           memory_budget=0 if group_size else memory_budget)
         else:
             choice = choice_for(dtype, m, n, k, t, layout, group_size, memory_budget)
         out.append(((dtype, m, n, k, t, group_size), choice))

@@ -22,7 +22,7 @@ from qkern.dispatch import (
     choose_kernel,
     choose_layout,
     get_kernel,
-    widened_nbytes,
+    widened_copy_fits,
 )
 from qkern.packing import PackedWeight, check_int8_weight
 
@@ -289,10 +289,10 @@ class WoqLinear:
 
     Holds one packed copy of the weight (a
     :class:`~qkern.packing.PackedWeight`), in the layout of the kernels
-    chosen for this CPU; the caller's ``w`` is not kept. Under
-    ``QKERN_AUTOTUNE=1`` and with a ``memory_budget``, it may also hold a
-    copy widened beforehand, made on the first call whose tuned choice runs
-    on it (:doc:`/tuning`).
+    chosen for this CPU; the caller's ``w`` is not kept. With a
+    ``memory_budget`` it may also hold one copy widened beforehand, made on
+    the first call that runs on it: a tuned choice under
+    ``QKERN_AUTOTUNE=1``, or a forced kernel that reads one (:doc:`/tuning`).
 
     Parameters
     ----------
@@ -421,8 +421,7 @@ class WoqLinear:
 
     def _copy_fits(self, kern: Kernel) -> bool:
         """Whether ``kern`` runs on a widened copy that fits the budget."""
-        size = widened_nbytes(kern, *self.shape)
-        return kern.reads_widened_copy and 0 < size <= self._memory_budget
+        return widened_copy_fits(kern, *self.shape, self._memory_budget)
 
     def _widened_copy(self, kern: Kernel) -> np.ndarray:
         """The weight widened for ``kern``, made on first use; one copy at a
@@ -454,7 +453,7 @@ class WoqLinear:
         kern, blocking, num_threads, widened = self._plan(m, num_threads, blocking)
         return _run(kern, x, self._weight.data, self._weight.layout, n, k,
                     self._scale_f32, self._bias_f32, out, num_threads, (), blocking,
-                    self._widened_copy(kern) if widened else None)
+                    self._widened_copy(kern) if widened and m and n else None)
 
     def __getstate__(self) -> dict:
         """The layer as pickled: its packed weight, scales, bias, forced

@@ -296,7 +296,7 @@ size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc);
 size_t qk_woq_widened_size(const qk_woq_kernel* kern, size_t n, size_t k);
 
 /* Widens the whole packed (N, K) weight (kern's layout) into out
- * (qk_woq_widened_size bytes, 64-byte aligned).  QK_ERR_ARG if kern has no
+ * (qk_woq_widened_size bytes; 64-byte aligned is fastest, not required).  QK_ERR_ARG if kern has no
  * widen function, is not a QK_WOQ_PANELS kernel or the size overflows,
  * QK_ERR_NOMEM if the padded last panel cannot be allocated; else QK_OK. */
 int qk_woq_widen_weight(const qk_woq_kernel* kern, const int8_t* packed, size_t n, size_t k,

@@ -43,8 +43,8 @@ QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, co
     for (size_t p = 0; p < P; p++) {
       const int8_t* wp = w + p * panel_bytes(WB, kc) + k * 16 * WB;
       if (WB == 4 || (k & 3) == 0) _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-      const __m256 w0 = WB == 1 ? i8_to_f32(wp) : _mm256_load_ps((const float*)wp);
-      const __m256 w1 = WB == 1 ? i8_to_f32(wp + 8) : _mm256_load_ps((const float*)wp + 8);
+      const __m256 w0 = WB == 1 ? i8_to_f32(wp) : _mm256_loadu_ps((const float*)wp);
+      const __m256 w1 = WB == 1 ? i8_to_f32(wp + 8) : _mm256_loadu_ps((const float*)wp + 8);
       for (size_t i = 0; i < MR; i++) {
         const __m256 xv = _mm256_broadcast_ss(ar[i] + k);
         acc[p * MR + i][0] = _mm256_fmadd_ps(xv, w0, acc[p * MR + i][0]);

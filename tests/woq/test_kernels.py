@@ -334,3 +334,31 @@ def test_a_widened_copy_is_refused_where_it_does_not_fit():
         with pytest.raises(ValueError, match="widened weight: holds"):
             _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, short, layer._scale_f32, None, y, 12,
                       1, None, True)
+
+
+@pytest.mark.parametrize("kern", _reads_widened_copy())
+def test_widened_copy_size_edges(kern):
+    """Sizes that overflow a size_t say so (SIZE_MAX), and do not fit any
+    budget; a weight of no k has no copy to make."""
+    size_max = 2**64 - 1
+    assert _woq.widened_size(kern.index, 16, 2**58) == size_max
+    assert _woq.widened_size(kern.index, 16, 2**58 + 16) == size_max
+    assert _woq.widened_size(kern.index, size_max, 16) == size_max
+    assert not qkern.dispatch.widened_copy_fits(kern, 16, 2**58, 2**70)
+    assert not qkern.dispatch.widened_copy_fits(kern, 16, 0, 1 << 30)
+    assert qkern.dispatch.widened_copy_fits(kern, 17, 5, qkern.dispatch.widened_nbytes(kern, 17, 5))
+
+
+@pytest.mark.parametrize("kern", _reads_widened_copy())
+def test_a_misaligned_widened_copy_gives_the_same_bits(kern):
+    from qkern.woq import _run
+
+    rng = np.random.default_rng(15)
+    x, w, s, b = _data(rng, 7, kern.nr + 3, 37, np.dtype(np.float32))
+    layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+    wide = layer.packed_weight.widened(kern)
+    shifted = qkern.packing.aligned_empty(wide.nbytes + 16)[16:]
+    shifted[:] = wide
+    y = _run(kern, x, layer.packed_weight.data, layer.layout, *w.shape, layer._scale_f32,
+             layer._bias_f32, None, 1, (), None, shifted)
+    assert np.array_equal(y.view(np.uint8), layer(x).view(np.uint8))

@@ -315,9 +315,11 @@ def test_budget_keys_are_apart_and_round_trip(cache_dir, monkeypatch):
     assert widened.weight_form == "widened" and widened.kernel == kern.name
     packed = tuning.choice_for(np.dtype(np.float32), m, n, k, 1)
     assert packed.weight_form == "packed"
-    keys = sorted(e["key"][7] for e in json.loads((cache_dir / "tune.json").read_text())
-                  ["entries"])
-    assert keys == ["int8", "int8+widened"]
+    entries = json.loads((cache_dir / "tune.json").read_text())["entries"]
+    assert sorted(e["key"][7] for e in entries) == ["int8", "int8+widened"]
+    # a packed choice is written as before the weight form existed
+    assert {e["key"][7]: "weight_form" in e["choice"] for e in entries} == \
+        {"int8": False, "int8+widened": True}
     tuning.clear()
     calls = _count_tunings(monkeypatch)
     assert tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=1 << 30) == widened
