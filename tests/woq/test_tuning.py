@@ -401,3 +401,39 @@ def test_a_forced_widening_kernel_runs_on_a_copy_that_fits():
     tight = qkern.WoqLinear(w, s, kernel=kern.name, memory_budget=size - 1)
     assert np.array_equal(roomy(x).view(np.uint8), tight(x).view(np.uint8))
     assert roomy.widened_nbytes == size and tight.widened_nbytes == 0
+
+
+def test_threads_calling_a_layer_share_one_widened_copy():
+    """Calls from several threads at once make the copy once and all get
+    the bits of the packed weight."""
+    kern = _widening_kernel()
+    rng = np.random.default_rng(5)
+    n, k = 160, 96
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.01, 0.1, n).astype(np.float32)
+    xs = [rng.standard_normal((9, k)).astype(np.float32) for _ in range(8)]
+    want = [qkern.WoqLinear(w, s, kernel=kern.name)(x).view(np.uint8) for x in xs]
+    layer = qkern.WoqLinear(w, s, kernel=kern.name,
+                            memory_budget=qkern.dispatch.widened_nbytes(kern, n, k))
+    made = []
+    real = layer._weight.widened
+
+    def counting(kernel):
+        made.append(kernel.name)
+        return real(kernel)
+
+    layer._weight.widened = counting
+    start = threading.Barrier(len(xs))
+    got = [None] * len(xs)
+
+    def call(i):
+        start.wait()
+        got[i] = layer(xs[i], num_threads=1).view(np.uint8)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert made == [kern.name]
+    assert all(np.array_equal(g, e) for g, e in zip(got, want))
