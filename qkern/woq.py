@@ -350,7 +350,9 @@ class WoqLinear:
         self._scale_f32 = _padded_f32(scales, layout[0])
         self._bias_f32 = _padded_f32(bias, layout[0])
         self._memory_budget = tuning.check_memory_budget(memory_budget)
-        self._widened: dict = {}  # kernel name -> the weight widened for it
+        # a forced kernel runs on a widened copy whenever one fits
+        self._forced_on_copy = self._forced is not None and self._copy_fits(self._forced)
+        self._widened = None  # (kernel name, the weight widened for it), made on use
         self._widened_lock = threading.Lock()
 
     @property
@@ -380,7 +382,7 @@ class WoqLinear:
     def widened_nbytes(self) -> int:
         """Bytes of the copy of the weight widened beforehand (0 while there is none)."""
         with self._widened_lock:
-            return sum(a.nbytes for a in self._widened.values())
+            return 0 if self._widened is None else self._widened[1].nbytes
 
     @property
     def memory_budget(self) -> int:
@@ -407,11 +409,11 @@ class WoqLinear:
     def _plan(self, m: int, num_threads, blocking) -> tuple:
         """``(kernel, blocking, num_threads, on a widened copy)`` of a call
         with ``m`` rows."""
-        n, k = self.shape
         if self._forced is not None:
-            return self._forced, blocking, num_threads, self._copy_fits(self._forced)
+            return self._forced, blocking, num_threads, self._forced_on_copy
         if tuning.autotune_enabled() and blocking is None and m > 0:
             threads = _cpu.threads_for_call(_check_threads(num_threads))
+            n, k = self.shape
             choice = tuning.choice_for(self.dtype, m, n, k, threads, self.layout,
                                        memory_budget=self._memory_budget)
             kern = get_kernel(choice.kernel)
@@ -427,10 +429,9 @@ class WoqLinear:
         """The weight widened for ``kern``, made on first use; one copy at a
         time (a copy for another kernel replaces it, within the budget)."""
         with self._widened_lock:
-            if kern.name not in self._widened:
-                self._widened.clear()
-                self._widened[kern.name] = self._weight.widened(kern)
-            return self._widened[kern.name]
+            if self._widened is None or self._widened[0] != kern.name:
+                self._widened = (kern.name, self._weight.widened(kern))
+            return self._widened[1]
 
     def weight(self) -> np.ndarray:
         """The int8 ``(N, K)`` weight, unpacked (a new array)."""

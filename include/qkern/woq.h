@@ -287,7 +287,8 @@ typedef struct qk_woq_kernel {
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
 size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt);
 
-/* Bytes of one widened panel of kc k-values for kernel kern (with widen). */
+/* Bytes of one widened panel of kc k-values for kernel kern (with widen,
+ * kr >= 1); SIZE_MAX if that does not fit in a size_t. */
 size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc);
 
 /* Bytes of the whole (N, K) weight widened for kern (every panel, the last

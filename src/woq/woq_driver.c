@@ -41,8 +41,12 @@
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc) {
-  return ceil_div(ceil_div(kc, kern->kr), 16) * 16 * (size_t)kern->nr * kern->kr *
-         kern->widened_bytes;
+  const size_t groups = kc / kern->kr + (kc % kern->kr != 0);
+  const size_t tiles = groups / 16 + (groups % 16 != 0); /* of 16 k-groups */
+  size_t bytes;
+  if (__builtin_mul_overflow(tiles, (size_t)16 * kern->nr * kern->kr * kern->widened_bytes, &bytes))
+    return SIZE_MAX;
+  return bytes;
 }
 
 /* Bytes of one 32-k chunk of a 32-row group of packed x: 2 KiB per plane. */

@@ -82,14 +82,9 @@ void qk_woq_pad_last_panel(const int8_t* packed, size_t n, size_t k, uint32_t nr
 
 size_t qk_woq_widened_size(const qk_woq_kernel* kern, size_t n, size_t k) {
   if (!kern->widen || kern->kind != QK_WOQ_PANELS || kern->nr == 0 || kern->kr == 0) return 0;
-  /* qk_woq_widened_panel_size(), each step checked */
-  const size_t groups = k / kern->kr + (k % kern->kr != 0);
   const size_t panels = n / kern->nr + (n % kern->nr != 0);
-  size_t bytes = groups / 16 + (groups % 16 != 0);
-  if (__builtin_mul_overflow(bytes, (size_t)16 * kern->nr * kern->kr * kern->widened_bytes,
-                             &bytes) ||
-      __builtin_mul_overflow(bytes, panels, &bytes))
-    return SIZE_MAX;
+  size_t bytes = qk_woq_widened_panel_size(kern, k);
+  if (bytes == SIZE_MAX || __builtin_mul_overflow(bytes, panels, &bytes)) return SIZE_MAX;
   return bytes;
 }
 
