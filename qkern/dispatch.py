@@ -27,9 +27,10 @@ PASS_OVERHEAD_ROWS = 2
 # The ISA levels whose kernels on driver-widened panels the static rule
 # takes when M needs more than one of their row blocks.  AMX: its widened
 # twin shares each chunk's widening among the row blocks.  Not AVX2: on a
-# Zen 3 (1 thread, 4096 x 4096) f32w 6x16 ran 0.82-0.86x the speed of the
-# 6x16 on packed int8 at M = 16 and 0.95-1.03x from M = 64 up (widening
-# in-register is free there); the tuner may still pick it.
+# Zen 3, f32w on a copy widened beforehand ran at the speed of the 6x16 on
+# packed int8 (docs/tuning.rst: median 1.01 of its time from M = 64), so
+# the conversion it saves costs nothing there and widening chunk by chunk
+# only adds work; the tuner may still pick it.
 WIDENED_IN_STATIC_RULE = ("amx",)
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
