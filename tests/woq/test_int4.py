@@ -149,9 +149,9 @@ def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
         for threads in (1, 2, 3):
             got = _run_kernel(kern, x, q, sz, 64, b, num_threads=threads).view(np.uint8)
             assert np.array_equal(got, want), (kern.name, threads)
-        for row in (0, 5, 36):  # a row alone: another mr, another specialisation
-            got = _run_kernel(kern, x[row:row + 1], q, sz, 64, b).view(np.uint8)
-            assert np.array_equal(got, want[row:row + 1]), (kern.name, row)
+        for row, rows in ((0, 1), (5, 1), (36, 1), (3, 2), (10, 3)):  # another mr, another
+            got = _run_kernel(kern, x[row:row + rows], q, sz, 64, b).view(np.uint8)  # loop
+            assert np.array_equal(got, want[row:row + rows]), (kern.name, row, rows)
     functional = qkern.weight_int4pack_mm(x, qkern.pack_int4(q), 64, sz, bias=b)
     assert np.array_equal(functional.view(np.uint8), want)
     kern = kernels[-1]
@@ -172,7 +172,7 @@ def test_micro_kernel_alone_writes_only_its_output(kern):
     rng = np.random.default_rng(3)
     for dtype in DTYPES:
         for mr in range(1, kern.mr + 1):
-            for nc in (1, 8, 17, 32, 45, 64):
+            for nc in (1, 8, 17, 32, 45, 64, 70, 129):
                 x, q, sz, b = _problem(rng, mr, nc, 96, 32, dtype)
                 x32 = x.astype(np.float32)
                 bias = qkern.woq._padded_f32(b, 32)
