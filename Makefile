@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 BENCH_ARGS ?= --quick
 FUZZ_SECONDS ?= 60
 DEPS := "setuptools>=64" wheel "Cython>=3.0" "numpy>=2.0" "ml_dtypes>=0.4" \
-        "pytest>=8" "hypothesis>=6" "threadpoolctl>=3" "sphinx>=7" "numpydoc>=1.6" \
+        "pytest>=8" "hypothesis>=6" "threadpoolctl>=3" "simde-py>=0.8.2" "sphinx>=7" "numpydoc>=1.6" \
         ruff==0.17.6 clang-format==18.1.8
 TORCH := torch==2.13.0
 # What the no-GPU cuDNN tests need: the cuDNN library itself (its graph API,

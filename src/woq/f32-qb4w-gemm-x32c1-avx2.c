@@ -174,33 +174,4 @@ QK_INLINE void qb4w_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t k
     qb4w_halves(MR, 2, DT, h, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
 }
 
-QK_INLINE void f32_qb4w_gemm_6x32c1(const qk_dtype DT, size_t mr, size_t nc, size_t kc,
-                                    size_t group_size, const float* const* a, const uint8_t* w,
-                                    const void* sz, size_t sz_stride, const float* bias, void* c,
-                                    ptrdiff_t c_stride) {
-  switch (mr) {
-    case 1: qb4w_rows(1, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
-    case 2: qb4w_rows(2, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
-    case 3: qb4w_rows(3, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
-    case 4: qb4w_rows(4, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
-    case 5: qb4w_rows(5, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
-    default: qb4w_rows(6, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); break;
-  }
-}
-
-void qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2(size_t mr, size_t nc, size_t kc, size_t group_size,
-                                               const float* const* a, qk_dtype dt, const uint8_t* w,
-                                               const void* sz, size_t sz_stride, const float* bias,
-                                               void* c, ptrdiff_t c_stride) {
-  switch (dt) {
-    case QK_F32:
-      f32_qb4w_gemm_6x32c1(QK_F32, mr, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride);
-      break;
-    case QK_F16:
-      f32_qb4w_gemm_6x32c1(QK_F16, mr, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride);
-      break;
-    case QK_BF16:
-      f32_qb4w_gemm_6x32c1(QK_BF16, mr, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride);
-      break;
-  }
-}
+QK_DEFINE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2, qb4w_rows, 6)

@@ -70,4 +70,37 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
     BODY(MR, QK_BF16, QK_UKERNEL_ARGS);        \
   }
 
+/* An int4 kernel (qk_woq_int4_ukernel_fn) for all x dtypes whose body
+ * ROWS(R, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride)
+ * is specialised for each mr = R in 1..MR (MR <= 8): no FMA is spent on a
+ * missing row. */
+#define QK_INT4_ROWS_CASE(ROWS, R, MR, DT)                                     \
+  case R:                                                                      \
+    if (R < MR) {                                                              \
+      ROWS(R, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); \
+      break;                                                                   \
+    }                                                                          \
+    __attribute__((fallthrough));
+#define QK_INT4_ROWS_SWITCH(ROWS, MR, DT)                                              \
+  switch (mr) {                                                                        \
+    QK_INT4_ROWS_CASE(ROWS, 1, MR, DT)                                                 \
+    QK_INT4_ROWS_CASE(ROWS, 2, MR, DT)                                                 \
+    QK_INT4_ROWS_CASE(ROWS, 3, MR, DT)                                                 \
+    QK_INT4_ROWS_CASE(ROWS, 4, MR, DT)                                                 \
+    QK_INT4_ROWS_CASE(ROWS, 5, MR, DT)                                                 \
+    QK_INT4_ROWS_CASE(ROWS, 6, MR, DT)                                                 \
+    QK_INT4_ROWS_CASE(ROWS, 7, MR, DT)                                                 \
+    default: ROWS(MR, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); \
+  }
+#define QK_DEFINE_INT4_UKERNEL(NAME, ROWS, MR)                                                  \
+  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
+            qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
+            void* c, ptrdiff_t c_stride) {                                                      \
+    switch (dt) {                                                                               \
+      case QK_F32: QK_INT4_ROWS_SWITCH(ROWS, MR, QK_F32) break;                                 \
+      case QK_F16: QK_INT4_ROWS_SWITCH(ROWS, MR, QK_F16) break;                                 \
+      case QK_BF16: QK_INT4_ROWS_SWITCH(ROWS, MR, QK_BF16) break;                               \
+    }                                                                                           \
+  }
+
 #endif /* QKERN_UKERNEL_DEFINE_H */

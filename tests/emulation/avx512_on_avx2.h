@@ -1,0 +1,122 @@
+/*
+ * avx512_on_avx2.h -- AVX-512 intrinsics on an AVX2 CPU, for tests only.
+ * Force-included (-include) before an AVX-512 kernel source compiled with
+ * -mavx2 -mfma -mf16c instead of its AVX-512 flags, it maps every
+ * _mm512_* and masked intrinsic to SIMDe's implementation (on 256-bit
+ * halves), and defines those the kernels use that SIMDe lacks, and the
+ * FMAs lane by lane with fmaf (fused, as the hardware computes them;
+ * SIMDe may fall back to a multiply and an add) and the masked loads and
+ * stores (only the mask's lanes touched, as on the hardware).  The kernel's own
+ * #include <immintrin.h> then adds nothing.  tests/woq/test_emulated.py
+ * builds kernels with it.
+ */
+#ifndef QKERN_TESTS_AVX512_ON_AVX2_H
+#define QKERN_TESTS_AVX512_ON_AVX2_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+
+/* 16 int8 / uint8 -> 16 int32, sign- / zero-extended. */
+static inline simde__m512i qk_emu_cvtepi8_epi32(simde__m128i a) {
+  int8_t in[16];
+  int32_t out[16];
+  memcpy(in, &a, 16);
+  for (int i = 0; i < 16; i++) out[i] = in[i];
+  return simde_mm512_loadu_si512(out);
+}
+static inline simde__m512i qk_emu_cvtepu8_epi32(simde__m128i a) {
+  uint8_t in[16];
+  int32_t out[16];
+  memcpy(in, &a, 16);
+  for (int i = 0; i < 16; i++) out[i] = in[i];
+  return simde_mm512_loadu_si512(out);
+}
+
+/* 16 int32 -> 16 int16, truncated (vpmovdw). */
+static inline simde__m256i qk_emu_cvtepi32_epi16(simde__m512i a) {
+  int32_t in[16];
+  int16_t out[16];
+  simde_mm512_storeu_si512(in, a);
+  for (int i = 0; i < 16; i++) out[i] = (int16_t)in[i];
+  return simde_mm256_loadu_si256(out);
+}
+
+/* 16 f32 -> 16 f16 with the rounding of imm (vcvtps2ph), by halves. */
+#define qk_emu_cvtps_ph(a, imm)                                                         \
+  simde_mm256_set_m128i(simde_mm256_cvtps_ph(simde_mm512_extractf32x8_ps((a), 1), imm), \
+                        simde_mm256_cvtps_ph(simde_mm512_extractf32x8_ps((a), 0), imm))
+
+/* a * b + c and -(a * b) + c, fused (one rounding), lane by lane: exact
+ * whatever SIMDe's own fallback would do. */
+static inline simde__m512 qk_emu_fmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
+  float x[16], y[16], z[16];
+  simde_mm512_storeu_ps(x, a);
+  simde_mm512_storeu_ps(y, b);
+  simde_mm512_storeu_ps(z, c);
+  for (int i = 0; i < 16; i++) x[i] = fmaf(x[i], y[i], z[i]);
+  return simde_mm512_loadu_ps(x);
+}
+static inline simde__m512 qk_emu_fnmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
+  return qk_emu_fmadd_ps(simde_mm512_sub_ps(simde_mm512_setzero_ps(), a), b, c);
+}
+
+/* Masked loads and stores that touch only the lanes of their mask, as the
+ * hardware does (SIMDe's read or write the whole vector): lane by lane,
+ * with zeros in the lanes a load skips. */
+#define QK_EMU_MASKED_LOAD(NAME, VEC, LANES, SIZE, MASK, LOADU)                    \
+  static inline VEC NAME(MASK k, const void* p) {                                  \
+    unsigned char lanes[LANES * SIZE] = {0};                                       \
+    for (int i = 0; i < LANES; i++)                                                \
+      if ((k >> i) & 1) memcpy(lanes + i * SIZE, (const char*)p + i * SIZE, SIZE); \
+    return LOADU((const void*)lanes);                                              \
+  }
+#define QK_EMU_MASKED_STORE(NAME, VEC, LANES, SIZE, MASK, STOREU)            \
+  static inline void NAME(void* p, MASK k, VEC v) {                          \
+    unsigned char lanes[LANES * SIZE];                                       \
+    STOREU((void*)lanes, v);                                                 \
+    for (int i = 0; i < LANES; i++)                                          \
+      if ((k >> i) & 1) memcpy((char*)p + i * SIZE, lanes + i * SIZE, SIZE); \
+  }
+QK_EMU_MASKED_LOAD(qk_emu_maskz_loadu_ps, simde__m512, 16, 4, simde__mmask16, simde_mm512_loadu_ps)
+QK_EMU_MASKED_LOAD(qk_emu_maskz_loadu_epi16, simde__m512i, 32, 2, simde__mmask32,
+                   simde_mm512_loadu_si512)
+QK_EMU_MASKED_LOAD(qk_emu_maskz_loadu_epi16_256, simde__m256i, 16, 2, simde__mmask16,
+                   simde_mm256_loadu_si256)
+QK_EMU_MASKED_LOAD(qk_emu_maskz_loadu_epi8_128, simde__m128i, 16, 1, simde__mmask16,
+                   simde_mm_loadu_si128)
+QK_EMU_MASKED_STORE(qk_emu_mask_storeu_ps, simde__m512, 16, 4, simde__mmask16,
+                    simde_mm512_storeu_ps)
+QK_EMU_MASKED_STORE(qk_emu_mask_storeu_epi16_256, simde__m256i, 16, 2, simde__mmask16,
+                    simde_mm256_storeu_si256)
+
+#undef _mm512_maskz_loadu_ps
+#define _mm512_maskz_loadu_ps(k, p) qk_emu_maskz_loadu_ps(k, p)
+#undef _mm512_maskz_loadu_epi16
+#define _mm512_maskz_loadu_epi16(k, p) qk_emu_maskz_loadu_epi16(k, p)
+#undef _mm256_maskz_loadu_epi16
+#define _mm256_maskz_loadu_epi16(k, p) qk_emu_maskz_loadu_epi16_256(k, p)
+#undef _mm_maskz_loadu_epi8
+#define _mm_maskz_loadu_epi8(k, p) qk_emu_maskz_loadu_epi8_128(k, p)
+#undef _mm512_mask_storeu_ps
+#define _mm512_mask_storeu_ps(p, k, v) qk_emu_mask_storeu_ps(p, k, v)
+#undef _mm256_mask_storeu_epi16
+#define _mm256_mask_storeu_epi16(p, k, v) qk_emu_mask_storeu_epi16_256(p, k, v)
+#undef _mm512_fmadd_ps
+#define _mm512_fmadd_ps(a, b, c) qk_emu_fmadd_ps(a, b, c)
+#undef _mm512_fnmadd_ps
+#define _mm512_fnmadd_ps(a, b, c) qk_emu_fnmadd_ps(a, b, c)
+#undef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32(a) qk_emu_cvtepi8_epi32(a)
+#undef _mm512_cvtepu8_epi32
+#define _mm512_cvtepu8_epi32(a) qk_emu_cvtepu8_epi32(a)
+#undef _mm512_cvtepi32_epi16
+#define _mm512_cvtepi32_epi16(a) qk_emu_cvtepi32_epi16(a)
+#undef _mm512_cvtps_ph
+#define _mm512_cvtps_ph(a, imm) qk_emu_cvtps_ph(a, imm)
+
+#endif /* QKERN_TESTS_AVX512_ON_AVX2_H */
