@@ -15,11 +15,13 @@
  * in L1 between groups).  The body is specialised for each mr in 1..6, so
  * no FMA is spent on a missing row.  One row runs four halves (two panels)
  * at once and two rows two halves (one panel), so that eight independent
- * FMA chains hide the FMA latency (one row on a chunk's last single
- * panel: two halves, four chains); one row also takes four k per step,
- * one 64-byte line of each panel, so that its loop is all vector work
- * (measured in L2 on a Zen 3: 1.05x the one-k loop at one row, 1.27x at
- * two rows with two halves against one).
+ * FMA chains hide the FMA latency (one row on a single panel, as a chunk
+ * at large K holds: two groups side by side, their sums independent
+ * chains); one row also takes four k per step, one 64-byte line of each
+ * panel and group, so that its loop is all vector work (measured in L2 on
+ * a Zen 3: 1.05x the one-k loop at one row, 1.27x at two rows with two
+ * halves against one, 2x for one row on one panel with two groups against
+ * one; with the weight in DRAM the last is as fast as before).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -66,20 +68,83 @@ QK_INLINE void load_params(const char* row, size_t col, size_t nc, qk_dtype DT, 
   load_params8(tmp, DT, s, zp);
 }
 
-/* One k: the 16-byte rows at wk (and, for H > 2, wk + panel_bytes)
- * widened and multiplied into the partial sums ps of MR rows. */
-QK_INLINE void qb4w_step(const size_t MR, const size_t H, const uint8_t* wk, size_t panel_bytes,
-                         const float* const* xr, size_t k, __m256i low, __m256 ps[6][8]) {
+/* One k of GS groups: per group s, the 16-byte rows at wk + s *
+ * group_bytes (and, for H > 2, panel_bytes further) widened and multiplied
+ * into the partial sums ps[.][2H s ..] of MR rows. */
+QK_INLINE void qb4w_step(const size_t MR, const size_t H, const size_t GS, const uint8_t* wk,
+                         size_t panel_bytes, size_t group_size, const float* const* xr, size_t k,
+                         __m256i low, __m256 ps[6][8]) {
+#pragma GCC unroll 2
+  for (size_t s = 0; s < GS; s++)
 #pragma GCC unroll 4
-  for (size_t h = 0; h < H; h++) {
-    const uint8_t* row = wk + h / 2 * panel_bytes + h % 2 * 8;
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)row));
-    const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
-    const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-    for (size_t i = 0; i < MR; i++) {
-      const __m256 xv = _mm256_broadcast_ss(xr[i] + k);
-      ps[i][2 * h] = _mm256_fmadd_ps(xv, q0, ps[i][2 * h]);
-      ps[i][2 * h + 1] = _mm256_fmadd_ps(xv, q1, ps[i][2 * h + 1]);
+    for (size_t h = 0; h < H; h++) {
+      const uint8_t* row = wk + s * group_size * 16 + h / 2 * panel_bytes + h % 2 * 8;
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)row));
+      const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
+      const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+      for (size_t i = 0; i < MR; i++) {
+        const __m256 xv = _mm256_broadcast_ss(xr[i] + k + s * group_size);
+        ps[i][2 * H * s + 2 * h] = _mm256_fmadd_ps(xv, q0, ps[i][2 * H * s + 2 * h]);
+        ps[i][2 * H * s + 2 * h + 1] = _mm256_fmadd_ps(xv, q1, ps[i][2 * H * s + 2 * h + 1]);
+      }
+    }
+}
+
+/* Groups g .. g + GS - 1 of H consecutive half panels (w at their first
+ * half's first k-row, col their first columns) for MR rows, the products
+ * of the groups side by side, each applied to acc in turn (see the top). */
+QK_INLINE void qb4w_groups(const size_t MR, const size_t H, const size_t GS, const qk_dtype DT,
+                           size_t g, size_t nc, size_t kc, size_t group_size,
+                           const float* const* ar, const uint8_t* w, const size_t col[4][2],
+                           const char* sz, size_t sz_stride, __m256i low, __m256* acc) {
+  const size_t esize = DT == QK_F32 ? 4 : 2, panel_bytes = kc * 16;
+  /* the next groups' scales and zeros are rows of sz away: fetched while
+   * these products run */
+  if ((g + GS) * group_size < kc)
+    for (size_t s = 0; s < GS; s++)
+      for (size_t h = 0; h < H; h += 2) {
+        _mm_prefetch(sz + (g + GS + s) * sz_stride + col[h][0] * 2 * esize, _MM_HINT_T0);
+        _mm_prefetch(sz + (g + GS + s) * sz_stride + col[h][1] * 2 * esize, _MM_HINT_T0);
+      }
+  __m256 ps[6][8];
+  for (size_t i = 0; i < MR; i++)
+    for (size_t v = 0; v < 2 * H * GS; v++) ps[i][v] = _mm256_setzero_ps();
+  /* wk: k's 16-byte row in the first panel (the second panel's is
+   * panel_bytes further, the next group's group_size * 16) */
+  const uint8_t* wk = w + g * group_size * 16;
+  const size_t k_end = (g + 1) * group_size;
+  if (MR == 1) { /* four k per step (groups are multiples of 32): one
+                    64-byte line of each panel and group */
+    for (size_t k = g * group_size; k < k_end; k += 4, wk += 64) {
+      for (size_t s = 0; s < GS; s++) {
+        _mm_prefetch((const char*)wk + s * group_size * 16 + QK_PREFETCH_BYTES, _MM_HINT_T0);
+        if (H > 2)
+          _mm_prefetch((const char*)wk + s * group_size * 16 + panel_bytes + QK_PREFETCH_BYTES,
+                       _MM_HINT_T0);
+      }
+#pragma GCC unroll 4
+      for (size_t u = 0; u < 4; u++)
+        qb4w_step(MR, H, GS, wk + u * 16, panel_bytes, group_size, ar, k + u, low, ps);
+    }
+  } else { /* one k per step (four would spill), a prefetch every fourth */
+    for (size_t k = g * group_size; k < k_end; k++, wk += 16) {
+      if ((k & 3) == 0) _mm_prefetch((const char*)wk + QK_PREFETCH_BYTES, _MM_HINT_T0);
+      qb4w_step(MR, H, GS, wk, panel_bytes, group_size, ar, k, low, ps);
+    }
+  }
+#pragma GCC unroll 2
+  for (size_t s = 0; s < GS; s++) {
+    const char* row = sz + (g + s) * sz_stride;
+#pragma GCC unroll 8
+    for (size_t v = 0; v < 2 * H; v++) {
+      __m256 sc, zp;
+      load_params(row, col[v / 2][v % 2], nc, DT, &sc, &zp);
+#pragma GCC unroll 6
+      for (size_t i = 0; i < MR; i++) {
+        __m256* a = &acc[i * 2 * H + v];
+        *a = _mm256_fmadd_ps(ps[i][2 * H * s + v], sc, *a);
+        *a = _mm256_fmadd_ps(_mm256_broadcast_ss(ar[i] + kc + g + s), zp, *a);
+      }
     }
   }
 }
@@ -89,61 +154,24 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t H, const uint8_t* wk, siz
 QK_INLINE void qb4w_halves(const size_t MR, const size_t H, const qk_dtype DT, size_t h0, size_t nc,
                            size_t kc, size_t group_size, const float* const* ar, char* const* cr,
                            const uint8_t* w, const char* sz, size_t sz_stride, const float* bias) {
-  const size_t esize = DT == QK_F32 ? 4 : 2, groups = kc / group_size;
+  const size_t groups = kc / group_size;
   const __m256i low = _mm256_set1_epi32(15);
-  /* off: the byte offset of half h0's first k-row; col: each half's first
-   * two columns */
-  const size_t panel_bytes = kc * 16, off = h0 / 2 * panel_bytes + h0 % 2 * 8;
+  /* col: each half's first two columns */
   size_t col[4][2];
   for (size_t h = 0; h < H; h++) {
     col[h][0] = (h0 + h) / 2 * 32 + (h0 + h) % 2 * 8;
     col[h][1] = col[h][0] + 16;
   }
+  const uint8_t* wh = w + h0 / 2 * kc * 16 + h0 % 2 * 8;
   __m256 acc[6 * 8] __attribute__((aligned(32)));
   for (size_t i = 0; i < MR * H * 2; i++) acc[i] = _mm256_setzero_ps();
-  for (size_t g = 0; g < groups; g++) {
-    /* the next group's scales and zeros are a row of sz away: fetched
-     * while this group's products run */
-    if (g + 1 < groups)
-      for (size_t h = 0; h < H; h += 2) {
-        _mm_prefetch(sz + (g + 1) * sz_stride + col[h][0] * 2 * esize, _MM_HINT_T0);
-        _mm_prefetch(sz + (g + 1) * sz_stride + col[h][1] * 2 * esize, _MM_HINT_T0);
-      }
-    __m256 ps[6][8];
-    for (size_t i = 0; i < MR; i++)
-      for (size_t v = 0; v < 2 * H; v++) ps[i][v] = _mm256_setzero_ps();
-    /* wk: k's 16-byte row in the first panel (the second panel's is
-     * panel_bytes further) */
-    const uint8_t* wk = w + off + g * group_size * 16;
-    const size_t k_end = (g + 1) * group_size;
-    if (MR == 1) { /* four k per step (groups are multiples of 32): one
-                      64-byte line of each panel */
-      for (size_t k = g * group_size; k < k_end; k += 4, wk += 64) {
-        _mm_prefetch((const char*)wk + QK_PREFETCH_BYTES, _MM_HINT_T0);
-        if (H > 2) _mm_prefetch((const char*)wk + panel_bytes + QK_PREFETCH_BYTES, _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (size_t u = 0; u < 4; u++)
-          qb4w_step(MR, H, wk + u * 16, panel_bytes, ar, k + u, low, ps);
-      }
-    } else { /* one k per step (four would spill), a prefetch every fourth */
-      for (size_t k = g * group_size; k < k_end; k++, wk += 16) {
-        if ((k & 3) == 0) _mm_prefetch((const char*)wk + QK_PREFETCH_BYTES, _MM_HINT_T0);
-        qb4w_step(MR, H, wk, panel_bytes, ar, k, low, ps);
-      }
-    }
-    const char* row = sz + g * sz_stride;
-#pragma GCC unroll 8
-    for (size_t v = 0; v < 2 * H; v++) {
-      __m256 s, zp;
-      load_params(row, col[v / 2][v % 2], nc, DT, &s, &zp);
-#pragma GCC unroll 6
-      for (size_t i = 0; i < MR; i++) {
-        __m256* a = &acc[i * 2 * H + v];
-        *a = _mm256_fmadd_ps(ps[i][v], s, *a);
-        *a = _mm256_fmadd_ps(_mm256_broadcast_ss(ar[i] + kc + g), zp, *a);
-      }
-    }
-  }
+  /* one row on one panel: two groups at once, eight FMA chains */
+  const size_t GS = MR == 1 && H == 2 ? 2 : 1;
+  size_t g = 0;
+  for (; g + GS <= groups; g += GS)
+    qb4w_groups(MR, H, GS, DT, g, nc, kc, group_size, ar, wh, col, sz, sz_stride, low, acc);
+  if (g < groups)
+    qb4w_groups(MR, H, 1, DT, g, nc, kc, group_size, ar, wh, col, sz, sz_stride, low, acc);
 #pragma GCC unroll 8
   for (size_t v = 0; v < 2 * H; v++) {
     const size_t c = col[v / 2][v % 2];

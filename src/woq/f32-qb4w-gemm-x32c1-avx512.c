@@ -14,8 +14,10 @@
  * scales_and_zeros in y's dtype (masked: nothing beyond column nc).  The
  * body is specialised for each mr in 1..8, so no FMA is spent on a missing
  * row; one row runs four panels at once and two or three rows two, so that
- * eight or more independent FMA chains hide the FMA latency.  Four k per
- * step: one 64-byte line of each panel, one prefetch.
+ * eight or more independent FMA chains hide the FMA latency; with fewer
+ * panels in the call (one per chunk at large K), as many groups run side
+ * by side (their sums are independent chains).  Four k per step: one
+ * 64-byte line of each panel and group, one prefetch.
  */
 #include <immintrin.h>
 
@@ -49,20 +51,68 @@ QK_INLINE void load_params16(const char* p, size_t count, qk_dtype DT, __m512* s
   *zp = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *s, z);
 }
 
-/* One k: the 16-byte rows at wk + p * panel_bytes (p < P) widened and
- * multiplied into the partial sums ps of MR rows. */
-QK_INLINE void qb4w_step(const size_t MR, const size_t P, const uint8_t* wk, size_t panel_bytes,
-                         const float* const* ar, size_t k, __m512i low, __m512 ps[8][8]) {
+/* One k of GS groups: per group s, the 16-byte rows at wk + s *
+ * group_size * 16 + p * panel_bytes (p < P) widened and multiplied into
+ * the partial sums ps[.][2P s ..] of MR rows. */
+QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const uint8_t* wk,
+                         size_t panel_bytes, size_t group_size, const float* const* ar, size_t k,
+                         __m512i low, __m512 ps[8][8]) {
 #pragma GCC unroll 4
-  for (size_t p = 0; p < P; p++) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wk + p * panel_bytes)));
-    const __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(b, low));
-    const __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  for (size_t s = 0; s < GS; s++)
+#pragma GCC unroll 4
+    for (size_t p = 0; p < P; p++) {
+      const uint8_t* row = wk + s * group_size * 16 + p * panel_bytes;
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
+      const __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(b, low));
+      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
 #pragma GCC unroll 8
-    for (size_t i = 0; i < MR; i++) {
-      const __m512 xv = _mm512_set1_ps(ar[i][k]);
-      ps[i][2 * p] = _mm512_fmadd_ps(xv, q0, ps[i][2 * p]);
-      ps[i][2 * p + 1] = _mm512_fmadd_ps(xv, q1, ps[i][2 * p + 1]);
+      for (size_t i = 0; i < MR; i++) {
+        const __m512 xv = _mm512_set1_ps(ar[i][k + s * group_size]);
+        ps[i][2 * P * s + 2 * p] = _mm512_fmadd_ps(xv, q0, ps[i][2 * P * s + 2 * p]);
+        ps[i][2 * P * s + 2 * p + 1] = _mm512_fmadd_ps(xv, q1, ps[i][2 * P * s + 2 * p + 1]);
+      }
+    }
+}
+
+/* Groups g .. g + GS - 1 of P consecutive panels from panel p0 (w0 at its
+ * first k-row) for MR rows, the products of the groups side by side, each
+ * applied to acc in turn (see the top). */
+QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, const qk_dtype DT,
+                           size_t g, size_t p0, size_t nc, size_t kc, size_t group_size,
+                           const float* const* ar, const uint8_t* w0, const char* sz,
+                           size_t sz_stride, __m512i low, __m512 acc[8][8]) {
+  const size_t pair = DT == QK_F32 ? 8 : 4, panel_bytes = kc * 16;
+  if ((g + GS) * group_size < kc) /* the next groups' scales and zeros, fetched now */
+    for (size_t s = 0; s < GS; s++)
+      for (size_t p = 0; p < P; p++)
+        for (size_t l = 0; l < pair * 32; l += 64)
+          _mm_prefetch(sz + (g + GS + s) * sz_stride + (32 * (p0 + p)) * pair + l, _MM_HINT_T0);
+  __m512 ps[8][8];
+  for (size_t i = 0; i < MR; i++)
+    for (size_t v = 0; v < 2 * P * GS; v++) ps[i][v] = _mm512_setzero_ps();
+  /* groups are multiples of 32 (the registry's), so of 4 */
+  const uint8_t* wk = w0 + g * group_size * 16;
+  for (size_t k = g * group_size; k < (g + 1) * group_size; k += 4, wk += 64) {
+    for (size_t s = 0; s < GS; s++)
+      for (size_t p = 0; p < P; p++)
+        _mm_prefetch((const char*)wk + s * group_size * 16 + p * panel_bytes + QK_PREFETCH_BYTES,
+                     _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (size_t u = 0; u < 4; u++)
+      qb4w_step(MR, P, GS, wk + u * 16, panel_bytes, group_size, ar, k + u, low, ps);
+  }
+  for (size_t s = 0; s < GS; s++) {
+    const char* row = sz + (g + s) * sz_stride;
+    for (size_t v = 0; v < 2 * P; v++) {
+      const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
+      if (col >= nc) break;
+      __m512 sc, zp;
+      load_params16(row + col * pair, nc - col < 16 ? nc - col : 16, DT, &sc, &zp);
+#pragma GCC unroll 8
+      for (size_t i = 0; i < MR; i++) {
+        acc[i][v] = _mm512_fmadd_ps(ps[i][2 * P * s + v], sc, acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(ar[i][kc + g + s]), zp, acc[i][v]);
+      }
     }
   }
 }
@@ -71,41 +121,19 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t P, const uint8_t* wk, siz
 QK_INLINE void qb4w_panels(const size_t MR, const size_t P, const qk_dtype DT, size_t p0, size_t nc,
                            size_t kc, size_t group_size, const float* const* ar, char* const* cr,
                            const uint8_t* w, const char* sz, size_t sz_stride, const float* bias) {
-  const size_t pair = DT == QK_F32 ? 8 : 4, groups = kc / group_size, panel_bytes = kc * 16;
+  const size_t groups = kc / group_size;
   const __m512i low = _mm512_set1_epi32(15);
-  const uint8_t* w0 = w + p0 * panel_bytes;
+  const uint8_t* w0 = w + p0 * kc * 16;
   __m512 acc[8][8];
   for (size_t i = 0; i < MR; i++)
     for (size_t v = 0; v < 2 * P; v++) acc[i][v] = _mm512_setzero_ps();
-  for (size_t g = 0; g < groups; g++) {
-    const char* row = sz + g * sz_stride;
-    if (g + 1 < groups) /* the next group's scales and zeros, fetched now */
-      for (size_t p = 0; p < P; p++)
-        for (size_t l = 0; l < pair * 32; l += 64)
-          _mm_prefetch(row + sz_stride + (32 * (p0 + p)) * pair + l, _MM_HINT_T0);
-    __m512 ps[8][8];
-    for (size_t i = 0; i < MR; i++)
-      for (size_t v = 0; v < 2 * P; v++) ps[i][v] = _mm512_setzero_ps();
-    /* groups are multiples of 32 (the registry's), so of 4 */
-    const uint8_t* wk = w0 + g * group_size * 16;
-    for (size_t k = g * group_size; k < (g + 1) * group_size; k += 4, wk += 64) {
-      for (size_t p = 0; p < P; p++)
-        _mm_prefetch((const char*)wk + p * panel_bytes + QK_PREFETCH_BYTES, _MM_HINT_T0);
-#pragma GCC unroll 4
-      for (size_t u = 0; u < 4; u++) qb4w_step(MR, P, wk + u * 16, panel_bytes, ar, k + u, low, ps);
-    }
-    for (size_t v = 0; v < 2 * P; v++) {
-      const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
-      if (col >= nc) break;
-      __m512 s, zp;
-      load_params16(row + col * pair, nc - col < 16 ? nc - col : 16, DT, &s, &zp);
-#pragma GCC unroll 8
-      for (size_t i = 0; i < MR; i++) {
-        acc[i][v] = _mm512_fmadd_ps(ps[i][v], s, acc[i][v]);
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(ar[i][kc + g]), zp, acc[i][v]);
-      }
-    }
-  }
+  /* groups side by side until eight FMA chains (2 MR P GS) run */
+  const size_t GS = 2 * MR * P >= 8 ? 1 : MR == 1 ? 4 / P : 2;
+  size_t g = 0;
+  for (; g + GS <= groups; g += GS)
+    qb4w_groups(MR, P, GS, DT, g, p0, nc, kc, group_size, ar, w0, sz, sz_stride, low, acc);
+  for (; g < groups; g++)
+    qb4w_groups(MR, P, 1, DT, g, p0, nc, kc, group_size, ar, w0, sz, sz_stride, low, acc);
   for (size_t v = 0; v < 2 * P; v++) {
     const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
     if (col >= nc) break;
