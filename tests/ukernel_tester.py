@@ -4,7 +4,8 @@
 
 packs a random int8 weight into the kernel's panels (widened, for a kernel
 that reads widened panels), calls the kernel once
-through ``qkern._woq.ukernel`` on rows of ``x`` ``a_stride`` elements apart
+through ``qkern._woq.ukernel`` (or the ``call`` given: an emulated build,
+tests/emulated_kernels.py) on rows of ``x`` ``a_stride`` elements apart
 (converted to float32 first, as the driver does, for a kernel that
 converts x),
 into a poisoned output whose rows are ``c_stride`` elements apart, and
@@ -27,8 +28,11 @@ POISON = np.nan
 class GemmTester:
     """One call of a ``panels`` or ``unpacked`` kernel (see the module docstring)."""
 
-    def __init__(self, kern):
+    def __init__(self, kern, call=None):
         self.kern = kern
+        # call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride): the
+        # micro-kernel itself; by default the compiled one, qkern._woq.ukernel
+        self._call = call or (lambda *args: _woq.ukernel(kern.index, *args))
         self._tile = (kern.mr, kern.nr, kern.kr)
         self._m, self._n, self._k = kern.mr, kern.nr, max(kern.kr, 1)
         self._a_stride = self._c_stride = None
@@ -114,8 +118,8 @@ class GemmTester:
             bias[:n] = b
         big = np.full((m + 2, c_stride + 8), POISON, self._dtype)
         c = big[1:1 + m, 3:3 + c_stride]
-        _woq.ukernel(kern.index, m, n, k, x_read, dtype_code(self._dtype), panels, scale, bias,
-                     c, c.strides[0])
+        self._call(m, n, k, x_read, dtype_code(self._dtype), panels, scale, bias, c,
+                   c.strides[0])
         y = c[:, :n]
         outside = big.astype(np.float64)
         outside[1:1 + m, 3:3 + n] = np.nan

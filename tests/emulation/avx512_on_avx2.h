@@ -106,6 +106,19 @@ QK_EMU_MASKED_STORE(qk_emu_mask_storeu_epi16_256, simde__m256i, 16, 2, simde__mm
 #define _mm512_mask_storeu_ps(p, k, v) qk_emu_mask_storeu_ps(p, k, v)
 #undef _mm256_mask_storeu_epi16
 #define _mm256_mask_storeu_epi16(p, k, v) qk_emu_mask_storeu_epi16_256(p, k, v)
+/* The sum of the 16 lanes in the order of GCC's _mm512_reduce_add_ps:
+ * halves, then quarters, then pairs. */
+static inline float qk_emu_reduce_add_ps(simde__m512 a) {
+  float v[16], h[8], q[4];
+  simde_mm512_storeu_ps(v, a);
+  for (int i = 0; i < 8; i++) h[i] = v[8 + i] + v[i];
+  for (int i = 0; i < 4; i++) q[i] = h[4 + i] + h[i];
+  const float p0 = q[0] + q[2], p1 = q[1] + q[3];
+  return p0 + p1;
+}
+
+#undef _mm512_reduce_add_ps
+#define _mm512_reduce_add_ps(a) qk_emu_reduce_add_ps(a)
 #undef _mm512_fmadd_ps
 #define _mm512_fmadd_ps(a, b, c) qk_emu_fmadd_ps(a, b, c)
 #undef _mm512_fnmadd_ps

@@ -1,77 +1,32 @@
-"""AVX-512 kernels on any AVX2 machine: each AVX-512 int4 kernel source is
-compiled here without its AVX-512 flags, over SIMDe's implementations of
-the intrinsics (tests/emulation/avx512_on_avx2.h), and must give the
-reference kernel's bits on every mr, column count, dtype and group size.
-This checks the kernels' logic (indexing, masks, tails, the order of the
-sums) where the CPU cannot run them; their instructions run natively in
-tests/woq/test_int4.py on AVX-512 machines."""
+"""AVX-512 int4 kernels on any AVX2 machine: each, compiled over SIMDe
+(tests/emulated_kernels.py), must give the reference kernel's bits on
+every mr, column count, dtype and group size, into poisoned outputs. This
+checks the kernels' logic (indexing, masks, tails, the order of the sums)
+where the CPU cannot run them; their instructions run natively in
+tests/woq/test_int4.py on AVX-512 machines. (The AVX-512 int8 kernels run
+emulated through the sweeps of tests/woq/test_ukernels.py.)"""
 
 import ctypes
-import os
-import pathlib
-import re
-import shutil
-import subprocess
-import sysconfig
 
 import numpy as np
 import pytest
-import simde_py
 
+import emulated_kernels as emu
 import qkern
 from qkern._dtypes import bfloat16, dtype_code
 from qkern.dispatch import INT4
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRELUDE = ROOT / "tests" / "emulation" / "avx512_on_avx2.h"
-EMULATED_ISA = "avx512"
-_NAME = re.compile(r"(?P<compute>\w+?)_(?P<op>gemm|gemv)_(?P<mr>\d+)x(?P<nr>\d+)c(?P<kr>\d+)"
-                   r"__(?P<isa>\w+)")
-
-
-def _source_and_symbol(name: str) -> tuple:
-    """A registry kernel's source file and micro-kernel symbol, by the
-    naming rule of include/qkern/woq_ukernels.h."""
-    f = _NAME.fullmatch(name).groupdict()
-    tile = f"{f['mr']}x{f['nr']}c{f['kr']}__{f['isa']}"
-    source = f"src/woq/{f['compute'].replace('_', '-')}-{f['op']}-x{f['nr']}c{f['kr']}-{f['isa']}.c"
-    return source, f"qk_woq_{f['compute']}_{f['op']}_ukernel_{tile}"
-
-
-EMULATED = [k for k in qkern.kernels() if k.isa == EMULATED_ISA and k.weight_format == INT4]
-REFERENCE = ("src/woq/f32-qb4w-gemm-ref.c", "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref")
-FLAGS = ["-O2", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
-         f"-I{ROOT / 'include'}", f"-I{ROOT / 'src' / 'woq'}"]
+EMULATED = emu.emulated_kernels(INT4)
+REFERENCE = "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref"
 DTYPES = (np.float32, np.float16, bfloat16)
-_INT4_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                      ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                      ctypes.c_void_p, ctypes.c_ssize_t]
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    """The emulated kernels and the reference one in a shared library."""
-    if "avx2" not in qkern.cpu_features() or "fma" not in qkern.cpu_features():
-        pytest.skip("the emulation runs SIMDe on AVX2 + FMA, which this CPU lacks")
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    assert cc, "no C compiler (cc or gcc) on PATH"
-    out = tmp_path_factory.mktemp("emulated")
-    objects = []
-    for source in sorted({_source_and_symbol(k.name)[0] for k in EMULATED}):
-        objects.append(out / (pathlib.Path(source).stem + ".o"))
-        # -Og: a fifth of -O2's compile time (SIMDe inlines a lot)
-        subprocess.run([cc, *FLAGS, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
-                        f"-I{simde_py.get_include()}", "-include", str(PRELUDE), "-c",
-                        str(ROOT / source), "-o", str(objects[-1])], check=True)
-    objects.append(out / "reference.o")
-    subprocess.run([cc, *FLAGS, "-c", str(ROOT / REFERENCE[0]), "-o", str(objects[-1])],
-                   check=True)
-    lib = out / f"emulated{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
-    subprocess.run([cc, "-shared", *map(str, objects), "-o", str(lib), "-lm"], check=True)
-    handle = ctypes.CDLL(str(lib))
-    for name in [REFERENCE[1], *(_source_and_symbol(k.name)[1] for k in EMULATED)]:
-        getattr(handle, name).argtypes = _INT4_ARGS
-    return handle
+def library():
+    """The emulated kernels and the reference ones (tests/emulated_kernels.py)."""
+    if not emu.runnable_here():
+        pytest.skip("the emulation runs SIMDe on AVX2, FMA and F16C, which this CPU lacks")
+    return emu.library()
 
 
 def _run(fn, rows, nc, kc, group_size, x_rows, dtype, panels, sz, bias, c):
@@ -91,18 +46,18 @@ def _x_with_group_sums(x, group_size):
 
 
 def test_every_kernel_of_the_emulated_isa_is_emulated():
-    """The registry has AVX-512 int4 kernels to check, each named by the
-    rule this test derives its source and symbol from."""
-    assert EMULATED, f"no {EMULATED_ISA} int4 kernel in the registry"
-    for kern in EMULATED:
-        source, _ = _source_and_symbol(kern.name)
-        assert (ROOT / source).is_file(), (kern.name, source)
+    """The registry has AVX-512 kernels to check, each named by the rule
+    the emulation derives its source and symbol from."""
+    assert EMULATED, f"no {emu.EMULATED_ISA} int4 kernel in the registry"
+    for kern in EMULATED + emu.emulated_kernels(qkern.dispatch.INT8):
+        source, _ = emu.source_and_symbol(kern.name)
+        assert (emu.ROOT / source).is_file(), (kern.name, source)
 
 
 @pytest.mark.parametrize("kern", EMULATED, ids=lambda k: k.name)
 def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
-    name, mr_max = _source_and_symbol(kern.name)[1], kern.mr
-    kernel, reference = getattr(library, name), getattr(library, REFERENCE[1])
+    name, mr_max = emu.source_and_symbol(kern.name)[1], kern.mr
+    kernel, reference = getattr(library, name), getattr(library, REFERENCE)
     rng = np.random.default_rng(11)
     for dtype in DTYPES:
         for group_size, groups in ((32, 9), (64, 2)):  # 9: four side by side, two, one

@@ -1,58 +1,70 @@
 """Every ``panels`` and ``unpacked`` micro-kernel, called directly (one call,
 no driver): XNNPACK-style sweeps over the tile's edges with
-tests/ukernel_tester.py.  The K-block (AMX) kernels have no single call;
-tests/woq/test_kernels.py covers them through the driver and its blockings.
+tests/ukernel_tester.py; the AVX-512 ones this CPU cannot run, built over
+SIMDe (tests/emulated_kernels.py), go through the same sweeps.  The
+K-block (AMX) kernels have no single call; tests/woq/test_kernels.py
+covers them through the driver and its blockings.
 """
 
 import numpy as np
 import pytest
 
+import emulated_kernels as emu
 from conftest import kernel_params
 from qkern import _woq
+from qkern.dispatch import INT8
 from reference import DTYPES
 from ukernel_tester import GemmTester
 
 PARAMS = [p for p in kernel_params() if p.values[0].kind != "kblock"]
+# the AVX-512 kernels this CPU cannot run, built over SIMDe (tests/emulated_kernels.py)
+EMULATED = [pytest.param(k, id=f"{k.name}[emulated]") for k in emu.emulated_kernels(INT8)
+            if not k.available]
 
 
 def _testers(kern):
+    call = None
+    if not kern.available:  # only emulated kernels get here unavailable
+        if not emu.runnable_here():
+            pytest.skip("the emulation runs SIMDe on AVX2, FMA and F16C, which this CPU lacks")
+        call = emu.ukernel_call(kern)
     for dtype in DTYPES:
         if dtype.name in kern.dtypes:
-            yield GemmTester(kern).mr(kern.mr).nr(kern.nr).kr(kern.kr).dtype(dtype)
+            yield GemmTester(kern, call).mr(kern.mr).nr(kern.nr).kr(kern.kr).dtype(dtype)
 
 
 def _krs(kern):
     return max(kern.kr, 1)
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_k_eq_kr(kern):
     for t in _testers(kern):
         t.m(kern.mr).n(kern.nr).k(_krs(kern)).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_k_lt_kr_gt_kr_and_not_a_multiple(kern):
     for t in _testers(kern):
         for k in range(1, 3 * _krs(kern) + 2):
             t.m(kern.mr).n(kern.nr).k(k).seed(k).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_k_multiple_of_kr_and_zero(kern):
     for t in _testers(kern):
         for k in (0, 8 * _krs(kern), 64 * _krs(kern)):
             t.m(kern.mr).n(kern.nr).k(k).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_n_lt_nr_gt_nr_and_several_panels(kern):
     for t in _testers(kern):
         for n in sorted({1, max(kern.nr - 1, 1), kern.nr + 1, 2 * kern.nr, 3 * kern.nr + 5}):
             t.m(kern.mr).n(n).k(17).seed(n).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_m_below_mr(kern):
     for t in _testers(kern):
         for m in range(1, kern.mr):
@@ -60,19 +72,19 @@ def test_m_below_mr(kern):
                 t.m(m).n(n).k(9).seed(m * n).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_strided_a_and_c(kern):
     for t in _testers(kern):
         t.m(kern.mr).n(2 * kern.nr + 1).k(13).a_stride(13 + 7).c_stride(2 * kern.nr + 9).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_without_bias(kern):
     for t in _testers(kern):
         t.m(kern.mr).n(kern.nr + 1).k(5).bias(False).test()
 
 
-@pytest.mark.parametrize("kern", PARAMS)
+@pytest.mark.parametrize("kern", PARAMS + EMULATED)
 def test_tile_mismatch_and_bad_calls_are_refused(kern):
     t = GemmTester(kern).mr(kern.mr + 1)
     with pytest.raises(AssertionError, match=kern.name):

@@ -1,0 +1,111 @@
+"""AVX-512 micro-kernels built to run on an AVX2 CPU, for the testers.
+
+Each AVX-512 kernel of the registry (level ``avx512``) is compiled from its
+source with AVX2 flags over SIMDe's implementations of the intrinsics
+(tests/emulation/avx512_on_avx2.h), with the reference kernels, into one
+shared library built once per test process. Its calls check the kernels'
+logic (indexing, masks, tails, sums) on machines that cannot run them; the
+instructions themselves run only on AVX-512 machines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+
+import simde_py
+
+import qkern
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PRELUDE = ROOT / "tests" / "emulation" / "avx512_on_avx2.h"
+EMULATED_ISA = "avx512"
+# the int4 kernels' bits are the reference kernel's (the int8 ones are checked
+# against the float64 reference, tests/ukernel_tester.py)
+REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c",)
+_FLAGS = ["-O2", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
+          f"-I{ROOT / 'include'}", f"-I{ROOT / 'src' / 'woq'}"]
+_NAME = re.compile(r"(?P<compute>\w+?)_(?P<op>gemm|gemv)_(?P<mr>\d+)x(?P<nr>\d+)c(?P<kr>\d+)"
+                   r"__(?P<isa>\w+)")
+_UKERNEL_ARGS = [ctypes.c_size_t] * 3 + [ctypes.c_void_p, ctypes.c_int] + \
+    [ctypes.c_void_p] * 4 + [ctypes.c_ssize_t]
+_INT4_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                      ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                      ctypes.c_void_p, ctypes.c_ssize_t]
+
+
+def source_and_symbol(name: str) -> tuple:
+    """A kernel's source file and micro-kernel symbol, by the naming rule of
+    include/qkern/woq_ukernels.h (``f32_qb4w_gemm_8x32c1__avx512`` is
+    ``qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512`` in
+    ``src/woq/f32-qb4w-gemm-x32c1-avx512.c``)."""
+    f = _NAME.fullmatch(name).groupdict()
+    tile = f"{f['mr']}x{f['nr']}c{f['kr']}__{f['isa']}"
+    source = f"src/woq/{f['compute'].replace('_', '-')}-{f['op']}-x{f['nr']}c{f['kr']}-{f['isa']}.c"
+    return source, f"qk_woq_{f['compute']}_{f['op']}_ukernel_{tile}"
+
+
+def emulated_kernels(weight_format: str) -> list:
+    """The registry's kernels of the emulated level that have a single-call
+    micro-kernel on weights of ``weight_format``."""
+    return [k for k in qkern.kernels()
+            if k.isa == EMULATED_ISA and k.weight_format == weight_format and k.kind != "kblock"]
+
+
+def runnable_here() -> bool:
+    """SIMDe's AVX-512 runs on 256-bit halves: the CPU needs AVX2 and FMA."""
+    features = qkern.cpu_features()
+    return all(features[f] for f in ("avx2", "fma", "f16c"))
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """Every emulated kernel and the int4 reference kernel in one library
+    (built on first use, removed at exit)."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    assert cc, "no C compiler (cc or gcc) on PATH"
+    out = pathlib.Path(tempfile.mkdtemp(prefix="qkern-emulated-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    kernels = [k for fmt in (qkern.dispatch.INT8, qkern.dispatch.INT4)
+               for k in emulated_kernels(fmt)]
+    objects = []
+    for source in sorted({source_and_symbol(k.name)[0] for k in kernels}):
+        objects.append(out / (pathlib.Path(source).stem + ".o"))
+        # -Og: a fifth of -O2's compile time (SIMDe inlines a lot)
+        subprocess.run([cc, *_FLAGS, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
+                        f"-I{simde_py.get_include()}", "-include", str(PRELUDE), "-c",
+                        str(ROOT / source), "-o", str(objects[-1])], check=True)
+    for source in REFERENCE_SOURCES:
+        objects.append(out / (pathlib.Path(source).stem + ".o"))
+        subprocess.run([cc, *_FLAGS, "-c", str(ROOT / source), "-o", str(objects[-1])],
+                       check=True)
+    lib = out / f"emulated{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+    subprocess.run([cc, "-shared", *map(str, objects), "-o", str(lib), "-lm"], check=True)
+    handle = ctypes.CDLL(str(lib))
+    for k in kernels:
+        symbol = source_and_symbol(k.name)[1]
+        getattr(handle, symbol).argtypes = (
+            _INT4_ARGS if k.weight_format == qkern.dispatch.INT4 else _UKERNEL_ARGS)
+    handle.qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref.argtypes = _INT4_ARGS
+    return handle
+
+
+def ukernel_call(kern):
+    """A function calling the emulated int8 micro-kernel of ``kern`` as
+    ``qkern._woq.ukernel(kern.index, ...)`` does, its index left out."""
+    fn = getattr(library(), source_and_symbol(kern.name)[1])
+
+    def call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride):
+        rows = (ctypes.c_void_p * mr)(*(x.ctypes.data + i * x.strides[0] for i in range(mr)))
+        fn(mr, nc, kc, rows, dtype, panels.ctypes.data, scale.ctypes.data,
+           bias.ctypes.data if bias is not None else None, c.ctypes.data, c_stride)
+
+    return call
