@@ -1,51 +1,42 @@
 /*
- * f32-gemm-x32c2-avx512.c -- WoQ GEMM micro-kernels 1x32c2 and 4x32c2,
- * AVX-512 F/BW/VL + FMA + F16C.
+ * f32-gemm-x32c2-avx512.c -- WoQ GEMM micro-kernels 1x32c2, 4x32c2 and
+ * 6x32c2, AVX-512 F/BW/VL + FMA + F16C.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), packed layout nr = 32,
- * kr = 2.  x in f32, f16 or bf16, widened to f32; int8 weights widened to
- * f32 in-register; fp32 FMA accumulation.
+ * kr = 2.  x in f32 (the driver converts f16 and bf16 rows once per row
+ * block: convert_x); int8 weights widened to f32 in-register; fp32 FMA
+ * accumulation; y in dt.
  *
  * Each 16-byte run of a k-group holds 8 columns x (k even, k odd); it is
  * widened to 16 lanes and multiplied by the broadcast pair (x[k], x[k+1]),
  * so every accumulator lane is a (column, k parity) partial sum.  The
  * epilogue adds the even and odd lanes of each column, then applies scale
- * (multiply) and bias (add) and rounds once to the output dtype.
- * Rows mr..MR-1 duplicate row mr-1 (same values written twice).
+ * (multiply) and bias (add) and rounds once to the output dtype.  The four
+ * widened vectors of a k-group serve every row: 6 rows hold 24 of the 32
+ * zmm registers in sums (the 4x16 tile's four conversions per 16 FMAs
+ * become four per 24).  Rows mr..MR-1 duplicate row mr-1 (same values
+ * written twice).
  */
 #include <string.h>
 
 #include "io-avx512.h"
 #include "ukernel-define.h"
 
-/* Broadcast (x[k], x[k+1]) as f32 to all 8 lane pairs; x[k+1] = 0 if !both. */
-QK_INLINE __m512 bcast_pair(const char* row, size_t k, qk_dtype DT, int both) {
-  uint32_t lo, hi = 0;
-  if (DT == QK_F32) {
-    memcpy(&lo, row + 4 * k, 4);
-    if (both) memcpy(&hi, row + 4 * k + 4, 4);
-  } else {
-    uint16_t h[2] = {0, 0};
-    memcpy(h, row + 2 * k, both ? 4 : 2);
-    if (DT == QK_BF16) {
-      lo = (uint32_t)h[0] << 16;
-      hi = (uint32_t)h[1] << 16;
-    } else {
-      float f0 = _cvtsh_ss(h[0]), f1 = _cvtsh_ss(h[1]);
-      memcpy(&lo, &f0, 4);
-      memcpy(&hi, &f1, 4);
-    }
-  }
-  return _mm512_castsi512_ps(_mm512_set1_epi64((long long)(((uint64_t)hi << 32) | lo)));
+/* Broadcast (x[k], x[k+1]) of an f32 row to all 8 lane pairs; x[k+1] = 0
+ * if !both. */
+QK_INLINE __m512 bcast_pair(const float* row, size_t k, int both) {
+  uint64_t pair = 0;
+  memcpy(&pair, row + k, both ? 8 : 4);
+  return _mm512_castsi512_ps(_mm512_set1_epi64((long long)pair));
 }
 
 /* One k-group: acc[i] += widen(w[k..k+1]) * (x_i[k], x_i[k+1]). */
-QK_INLINE void f32_step(const size_t MR, const qk_dtype DT, __m512 acc[][4], const char* const* ar,
-                        const int8_t* wp, size_t k, int both) {
+QK_INLINE void f32_step(const size_t MR, __m512 acc[][4], const float* const* ar, const int8_t* wp,
+                        size_t k, int both) {
   const __m512 w0 = qk512_i8_to_f32(wp), w1 = qk512_i8_to_f32(wp + 16);
   const __m512 w2 = qk512_i8_to_f32(wp + 32), w3 = qk512_i8_to_f32(wp + 48);
   for (size_t i = 0; i < MR; i++) {
-    const __m512 xv = bcast_pair(ar[i], k, DT, both);
+    const __m512 xv = bcast_pair(ar[i], k, both);
     acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
     acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
     acc[i][2] = _mm512_fmadd_ps(xv, w2, acc[i][2]);
@@ -56,23 +47,25 @@ QK_INLINE void f32_step(const size_t MR, const qk_dtype DT, __m512 acc[][4], con
 QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
                               const void* const* a, const int8_t* w, const float* scale,
                               const float* bias, void* c, ptrdiff_t c_stride) {
-  const char* ar[4];
-  char* cr[4];
-  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
+  const char* rows[6];
+  char* cr[6];
+  qk_clamp_rows(MR, mr, a, c, c_stride, rows, cr);
+  const float* ar[6];
+  for (size_t i = 0; i < MR; i++) ar[i] = (const float*)rows[i];
   const size_t kpairs = kc / 2, kp = (kc + 1) / 2 * 2;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 
   for (size_t n0 = 0; n0 < nc; n0 += 32, w += kp * 32) {
-    __m512 acc[4][4];
+    __m512 acc[6][4];
     for (size_t i = 0; i < MR; i++)
       for (size_t j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
     const int8_t* wp = w;
     for (size_t kk = 0; kk < kpairs; kk++, wp += 64) {
       _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-      f32_step(MR, DT, acc, ar, wp, 2 * kk, 1);
+      f32_step(MR, acc, ar, wp, 2 * kk, 1);
     }
-    if (kc & 1) f32_step(MR, DT, acc, ar, wp, kc - 1, 0);
+    if (kc & 1) f32_step(MR, acc, ar, wp, kc - 1, 0);
     for (size_t h = 0; h < 2; h++) {
       const size_t col = n0 + 16 * h;
       if (col >= nc) break;
@@ -91,3 +84,4 @@ QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, siz
 
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x32c2__avx512, f32_gemm_x32c2, 1)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x32c2__avx512, f32_gemm_x32c2, 4)
+QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x32c2__avx512, f32_gemm_x32c2, 6)

@@ -61,16 +61,21 @@ const qk_woq_kernel qk_woq_kernels[] = {
      "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2},
 #endif
-#ifdef QKERN_HAVE_AVX512
+#ifdef QKERN_HAVE_AVX512 /* x in f32: the AVX2 conversion (every AVX-512 CPU has AVX2) */
     {"f32_gemm_1x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 1, 32, 2, ALL, INT8, 0,
-     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x32c2__avx512},
+     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_1x32c2__avx512,
+     .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemm_4x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 4, 32, 2, ALL, INT8, 0,
-     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__avx512},
+     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__avx512,
+     .convert_x = qk_woq_convert_x__avx2},
+    {"f32_gemm_6x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 6, 32, 2, ALL, INT8, 0,
+     "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_6x32c2__avx512,
+     .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemv_4x1c0__avx512", QK_WOQ_UNPACKED, QK_ISA_AVX512, 4, 1, 0, ALL, INT8, 0,
      "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx512},
     {"f32_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, 0,
      "vfmadd231ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
-     .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512}, /* x: the AVX2 conversion */
+     .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512},
 #endif
 #ifdef QKERN_HAVE_AVX512_BF16
     {"bf16_gemm_1x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 1, 32, 2, BF16, INT8,

@@ -87,3 +87,38 @@ def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
                         assert np.isnan(outside).all(), f"{name} wrote outside its output"
                         assert np.array_equal(c.view(bits), want[b is None][:mr].view(bits)), (
                             np.dtype(dtype).name, group_size, nc, mr, b is not None)
+
+
+def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
+    """The AVX-512 int8 kernels on one packed layout differ only in MR
+    (docs/semantics.rst, "Determinism"): each row of a problem gets the
+    same bits from every one of them, called on rows one MR at a time."""
+    kernels = [k for k in emu.emulated_kernels(qkern.dispatch.INT8) if k.kind == "panels"]
+    layouts = {k.layout for k in kernels}
+    rng = np.random.default_rng(17)
+    m, n, k = 13, 70, 37
+    for layout in layouts:
+        group = [kern for kern in kernels if kern.layout == layout]
+        assert len(group) > 1 and all(kern.converts_x for kern in group), group
+        nr, kr = layout
+        n_padded = -(-n // nr) * nr
+        w = np.zeros((n_padded, k), np.int8)
+        w[:n] = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        panels = np.empty(qkern._woq.packed_size(n_padded, k, nr, kr), np.int8)
+        qkern._woq.pack(w, nr, kr, panels)
+        scale = np.zeros(n_padded, np.float32)
+        scale[:n] = rng.uniform(1e-3, 1e-2, n)
+        bias = np.zeros(n_padded, np.float32)
+        bias[:n] = rng.standard_normal(n)
+        for dtype in DTYPES:
+            x = rng.standard_normal((m, k)).astype(dtype).astype(np.float32)
+            outs = []
+            for kern in group:
+                call, y = emu.ukernel_call(kern), np.empty((m, n), dtype)
+                for r in range(0, m, kern.mr):
+                    rows = min(kern.mr, m - r)
+                    call(rows, n, k, x[r:r + rows], dtype_code(dtype), panels, scale, bias,
+                         y[r:r + rows], y.strides[0])
+                outs.append(y.view(np.uint8))
+            for kern, y in zip(group[1:], outs[1:]):
+                assert np.array_equal(y, outs[0]), (kern.name, group[0].name, dtype)
