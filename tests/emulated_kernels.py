@@ -2,17 +2,17 @@
 
 Each AVX-512 kernel of the registry (level ``avx512``) is compiled from its
 source with AVX2 flags over SIMDe's implementations of the intrinsics
-(tests/emulation/avx512_on_avx2.h), with the reference kernels, into one
-shared library built once per test process. Its calls check the kernels'
+(tests/emulation/avx512_on_avx2.h), with the int4 reference kernel, into
+one shared library, built once and kept under ``build/emulated``. Its calls check the kernels'
 logic (indexing, masks, tails, sums) on machines that cannot run them; the
 instructions themselves run only on AVX-512 machines.
 """
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
+import hashlib
 import os
 import pathlib
 import re
@@ -24,6 +24,7 @@ import tempfile
 import simde_py
 
 import qkern
+from process_support import asan_loaded
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PRELUDE = ROOT / "tests" / "emulation" / "avx512_on_avx2.h"
@@ -68,27 +69,42 @@ def runnable_here() -> bool:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """Every emulated kernel and the int4 reference kernel in one library
-    (built on first use, removed at exit)."""
+    """Every emulated kernel and the int4 reference kernel in one library,
+    built on first use into ``build/emulated/<digest>`` (the digest of the
+    sources, headers and flags, so a later process reuses it)."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     assert cc, "no C compiler (cc or gcc) on PATH"
-    out = pathlib.Path(tempfile.mkdtemp(prefix="qkern-emulated-"))
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
     kernels = [k for fmt in (qkern.dispatch.INT8, qkern.dispatch.INT4)
                for k in emulated_kernels(fmt)]
-    objects = []
-    for source in sorted({source_and_symbol(k.name)[0] for k in kernels}):
-        objects.append(out / (pathlib.Path(source).stem + ".o"))
-        # -Og: a fifth of -O2's compile time (SIMDe inlines a lot)
-        subprocess.run([cc, *_FLAGS, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
-                        f"-I{simde_py.get_include()}", "-include", str(PRELUDE), "-c",
-                        str(ROOT / source), "-o", str(objects[-1])], check=True)
-    for source in REFERENCE_SOURCES:
-        objects.append(out / (pathlib.Path(source).stem + ".o"))
-        subprocess.run([cc, *_FLAGS, "-c", str(ROOT / source), "-o", str(objects[-1])],
-                       check=True)
+    sources = sorted({source_and_symbol(k.name)[0] for k in kernels})
+    # under make sanitize, ASan checks the emulated masked loads and stores
+    # (lane by lane), which it cannot see in the hardware's
+    sanitize = ["-fsanitize=address", "-fno-omit-frame-pointer"] if asan_loaded() else []
+    emulated_flags = [*_FLAGS, *sanitize, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
+                      f"-I{simde_py.get_include()}", "-include", str(PRELUDE)]
+    digest = hashlib.sha256(repr((cc, emulated_flags, simde_py.__file__)).encode())
+    headers = [*(ROOT / "src" / "woq").glob("*.h"), *(ROOT / "include").rglob("*.h"), PRELUDE]
+    for path in sorted([*sources, *REFERENCE_SOURCES,
+                        *(str(h.relative_to(ROOT)) for h in headers)]):
+        digest.update(path.encode() + (ROOT / path).read_bytes())
+    out = ROOT / "build" / "emulated" / digest.hexdigest()[:16]
     lib = out / f"emulated{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
-    subprocess.run([cc, "-shared", *map(str, objects), "-o", str(lib), "-lm"], check=True)
+    if not lib.is_file():
+        work = pathlib.Path(tempfile.mkdtemp(prefix="qkern-emulated-"))
+        try:
+            objects = []
+            for source in [*sources, *REFERENCE_SOURCES]:
+                objects.append(work / (pathlib.Path(source).stem + ".o"))
+                # -Og: a fifth of -O2's compile time (SIMDe inlines a lot)
+                flags = emulated_flags if source in sources else [*_FLAGS, *sanitize]
+                subprocess.run([cc, *flags, "-c", str(ROOT / source), "-o", str(objects[-1])],
+                               check=True)
+            subprocess.run([cc, "-shared", *sanitize, *map(str, objects), "-o",
+                            str(work / lib.name), "-lm"], check=True)
+            out.mkdir(parents=True, exist_ok=True)
+            os.replace(work / lib.name, lib)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     handle = ctypes.CDLL(str(lib))
     for k in kernels:
         symbol = source_and_symbol(k.name)[1]
