@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.metadata
 import os
 import pathlib
 import re
@@ -20,8 +21,6 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
-
-import simde_py
 
 import qkern
 from process_support import asan_loaded
@@ -72,6 +71,8 @@ def library() -> ctypes.CDLL:
     """Every emulated kernel and the int4 reference kernel in one library,
     built on first use into ``build/emulated/<digest>`` (the digest of the
     sources, headers and flags, so a later process reuses it)."""
+    import simde_py  # a test dependency (pyproject.toml), needed only here
+
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     assert cc, "no C compiler (cc or gcc) on PATH"
     kernels = [k for fmt in (qkern.dispatch.INT8, qkern.dispatch.INT4)
@@ -82,7 +83,9 @@ def library() -> ctypes.CDLL:
     sanitize = ["-fsanitize=address", "-fno-omit-frame-pointer"] if asan_loaded() else []
     emulated_flags = [*_FLAGS, *sanitize, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
                       f"-I{simde_py.get_include()}", "-include", str(PRELUDE)]
-    digest = hashlib.sha256(repr((cc, emulated_flags, simde_py.__file__)).encode())
+    compiler = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
+    digest = hashlib.sha256(repr((compiler.stdout, emulated_flags,
+                                  importlib.metadata.version("simde-py"))).encode())
     headers = [*(ROOT / "src" / "woq").glob("*.h"), *(ROOT / "include").rglob("*.h"), PRELUDE]
     for path in sorted([*sources, *REFERENCE_SOURCES,
                         *(str(h.relative_to(ROOT)) for h in headers)]):
@@ -90,7 +93,8 @@ def library() -> ctypes.CDLL:
     out = ROOT / "build" / "emulated" / digest.hexdigest()[:16]
     lib = out / f"emulated{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
     if not lib.is_file():
-        work = pathlib.Path(tempfile.mkdtemp(prefix="qkern-emulated-"))
+        out.parent.mkdir(parents=True, exist_ok=True)  # work beside it: os.replace
+        work = pathlib.Path(tempfile.mkdtemp(prefix="tmp-", dir=out.parent))
         try:
             objects = []
             for source in [*sources, *REFERENCE_SOURCES]:

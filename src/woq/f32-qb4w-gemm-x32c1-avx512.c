@@ -29,7 +29,8 @@
  * nothing read there. */
 QK_INLINE void load_params16(const char* p, size_t count, qk_dtype DT, __m512* s, __m512* zp) {
   const size_t values = 2 * count; /* s0 z0 s1 z1 ... */
-  __m512 a, b;                     /* pairs 0..7, pairs 8..15 */
+  QK_ASAN_CHECK(p, values * (DT == QK_F32 ? 4 : 2), 0);
+  __m512 a, b; /* pairs 0..7, pairs 8..15 */
   if (DT == QK_F32) {
     a = _mm512_maskz_loadu_ps(qk512_mask(values), p);
     b = _mm512_maskz_loadu_ps(qk512_mask(values > 16 ? values - 16 : 0), p + 64);

@@ -4,8 +4,8 @@
  * -mavx2 -mfma -mf16c instead of its AVX-512 flags, it maps every
  * _mm512_* and masked intrinsic to SIMDe's implementation (on 256-bit
  * halves), and defines those the kernels use that SIMDe lacks, and the
- * FMAs lane by lane with fmaf (fused, as the hardware computes them;
- * SIMDe may fall back to a multiply and an add) and the masked loads and
+ * FMAs lane by lane with fmaf (fused, as the hardware computes them,
+ * whatever path SIMDe's build takes) and the masked loads and
  * stores (only the mask's lanes touched, as on the hardware).  The kernel's own
  * #include <immintrin.h> then adds nothing.  tests/woq/test_emulated.py
  * builds kernels with it.
@@ -51,18 +51,16 @@ static inline simde__m256i qk_emu_cvtepi32_epi16(simde__m512i a) {
   simde_mm256_set_m128i(simde_mm256_cvtps_ph(simde_mm512_extractf32x8_ps((a), 1), imm), \
                         simde_mm256_cvtps_ph(simde_mm512_extractf32x8_ps((a), 0), imm))
 
-/* a * b + c and -(a * b) + c, fused (one rounding), lane by lane: exact
- * whatever SIMDe's own fallback would do. */
-static inline simde__m512 qk_emu_fmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
+/* a * b + c (or -(a * b) + c), fused (one rounding), lane by lane:
+ * whatever path SIMDe's build takes (its portable one multiplies, then
+ * adds). */
+static inline simde__m512 qk_emu_fma(simde__m512 a, simde__m512 b, simde__m512 c, int negate) {
   float x[16], y[16], z[16];
   simde_mm512_storeu_ps(x, a);
   simde_mm512_storeu_ps(y, b);
   simde_mm512_storeu_ps(z, c);
-  for (int i = 0; i < 16; i++) x[i] = fmaf(x[i], y[i], z[i]);
+  for (int i = 0; i < 16; i++) x[i] = fmaf(negate ? -x[i] : x[i], y[i], z[i]);
   return simde_mm512_loadu_ps(x);
-}
-static inline simde__m512 qk_emu_fnmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
-  return qk_emu_fmadd_ps(simde_mm512_sub_ps(simde_mm512_setzero_ps(), a), b, c);
 }
 
 /* Masked loads and stores that touch only the lanes of their mask, as the
@@ -120,9 +118,9 @@ static inline float qk_emu_reduce_add_ps(simde__m512 a) {
 #undef _mm512_reduce_add_ps
 #define _mm512_reduce_add_ps(a) qk_emu_reduce_add_ps(a)
 #undef _mm512_fmadd_ps
-#define _mm512_fmadd_ps(a, b, c) qk_emu_fmadd_ps(a, b, c)
+#define _mm512_fmadd_ps(a, b, c) qk_emu_fma(a, b, c, 0)
 #undef _mm512_fnmadd_ps
-#define _mm512_fnmadd_ps(a, b, c) qk_emu_fnmadd_ps(a, b, c)
+#define _mm512_fnmadd_ps(a, b, c) qk_emu_fma(a, b, c, 1)
 #undef _mm512_cvtepi8_epi32
 #define _mm512_cvtepi8_epi32(a) qk_emu_cvtepi8_epi32(a)
 #undef _mm512_cvtepu8_epi32

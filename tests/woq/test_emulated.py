@@ -62,7 +62,7 @@ def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
     for dtype in DTYPES:
         for group_size, groups in ((32, 9), (64, 2)):  # 9: four side by side, two, one
             kc = group_size * groups
-            for nc in (1, 16, 17, 32, 45, 64, 100, 129, 160):
+            for nc in (1, 16, 17, 32, 45, 64, 96, 100, 129, 160, 200):  # 1 to 7 panels
                 q = rng.integers(0, 16, (nc, kc), dtype=np.uint8)
                 panels = qkern.pack_int4(q).reshape(-1)
                 sz = rng.standard_normal((groups, nc, 2)).astype(dtype)

@@ -168,7 +168,7 @@ def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
             y = np.empty((rows, 101), dtype)
             _woq.gemm_int4(kern.index, x, rows, 101, 256, 64, dtype_code(dtype), x.strides[0],
                            None, packed.reshape(-1), sz, qkern.woq._padded_f32(b, 32), y,
-                           y.strides[0], 1, Blocking(1, 1, 0, 1, "n").to_driver())
+                           y.strides[0], 1, Blocking(8, 1, 0, 1, "n").to_driver())
             assert np.array_equal(y.view(np.uint8), want[:rows]), (kern.name, rows)
 
 
