@@ -22,6 +22,8 @@ import subprocess
 import sysconfig
 import tempfile
 
+import pytest
+
 import qkern
 from process_support import asan_loaded
 
@@ -31,6 +33,7 @@ EMULATED_ISA = "avx512"
 # the int4 kernels' bits are the reference kernel's (the int8 ones are checked
 # against the float64 reference, tests/ukernel_tester.py)
 REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c",)
+INT4_REFERENCE = "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref"
 _FLAGS = ["-O2", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
           f"-I{ROOT / 'include'}", f"-I{ROOT / 'src' / 'woq'}"]
 _NAME = re.compile(r"(?P<compute>\w+?)_(?P<op>gemm|gemv)_(?P<mr>\d+)x(?P<nr>\d+)c(?P<kr>\d+)"
@@ -60,17 +63,21 @@ def emulated_kernels(weight_format: str) -> list:
             if k.isa == EMULATED_ISA and k.weight_format == weight_format and k.kind != "kblock"]
 
 
-def runnable_here() -> bool:
-    """SIMDe's AVX-512 runs on 256-bit halves: the CPU needs AVX2 and FMA."""
+def _skip_unless_runnable() -> None:
+    """SIMDe's AVX-512 runs on 256-bit halves: the test skips (with the
+    reason) on a CPU without AVX2, FMA and F16C."""
     features = qkern.cpu_features()
-    return all(features[f] for f in ("avx2", "fma", "f16c"))
+    if not all(features[f] for f in ("avx2", "fma", "f16c")):
+        pytest.skip("the emulation runs SIMDe on AVX2, FMA and F16C, which this CPU lacks")
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """Every emulated kernel and the int4 reference kernel in one library,
-    built on first use into ``build/emulated/<digest>`` (the digest of the
-    sources, headers and flags, so a later process reuses it)."""
+    """Every emulated kernel and the int4 reference kernel in one library
+    (the calling test skips where the CPU cannot run it), built on first
+    use into ``build/emulated/<digest>`` (the digest of the sources,
+    headers and flags, so a later process reuses it)."""
+    _skip_unless_runnable()
     import simde_py  # a test dependency (pyproject.toml), needed only here
 
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -114,7 +121,7 @@ def library() -> ctypes.CDLL:
         symbol = source_and_symbol(k.name)[1]
         getattr(handle, symbol).argtypes = (
             _INT4_ARGS if k.weight_format == qkern.dispatch.INT4 else _UKERNEL_ARGS)
-    handle.qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref.argtypes = _INT4_ARGS
+    getattr(handle, INT4_REFERENCE).argtypes = _INT4_ARGS
     return handle
 
 

@@ -25,6 +25,17 @@ from reference import assert_woq_close
 POISON = np.nan
 
 
+def packed_panels(w, nr: int, kr: int):
+    """An (n, k) int8 weight zero-padded to whole panels of ``nr`` columns
+    and packed in the layout ``(nr, kr)``."""
+    n, k = w.shape
+    padded = np.zeros((-(-n // nr) * nr, k), np.int8)
+    padded[:n] = w
+    panels = np.empty(_woq.packed_size(padded.shape[0], k, nr, kr), np.int8)
+    _woq.pack(padded, nr, kr, panels)
+    return panels
+
+
 class GemmTester:
     """One call of a ``panels`` or ``unpacked`` kernel (see the module docstring)."""
 
@@ -102,10 +113,7 @@ class GemmTester:
         s = rng.uniform(0.001, 0.02, n).astype(self._dtype)
         b = rng.standard_normal(n).astype(self._dtype) if self._bias else None
         n_padded = -(-n // kern.nr) * kern.nr
-        w_panels = np.zeros((n_padded, k), np.int8)
-        w_panels[:n] = w
-        panels = np.empty(_woq.packed_size(n_padded, k, kern.nr, kern.kr), np.int8)
-        _woq.pack(w_panels, kern.nr, kern.kr, panels)
+        panels = packed_panels(w, kern.nr, kern.kr)
         if kern.widened:
             wide = aligned_empty(_woq.widened_size(kern.index, n_padded, k))
             _woq.widen_weight(kern.index, panels, n_padded, k, wide.view(np.uint8))

@@ -15,17 +15,15 @@ import emulated_kernels as emu
 import qkern
 from qkern._dtypes import bfloat16, dtype_code
 from qkern.dispatch import INT4
+from ukernel_tester import packed_panels
 
 EMULATED = emu.emulated_kernels(INT4)
-REFERENCE = "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref"
 DTYPES = (np.float32, np.float16, bfloat16)
 
 
 @pytest.fixture(scope="module")
 def library():
     """The emulated kernels and the reference ones (tests/emulated_kernels.py)."""
-    if not emu.runnable_here():
-        pytest.skip("the emulation runs SIMDe on AVX2, FMA and F16C, which this CPU lacks")
     return emu.library()
 
 
@@ -57,7 +55,7 @@ def test_every_kernel_of_the_emulated_isa_is_emulated():
 @pytest.mark.parametrize("kern", EMULATED, ids=lambda k: k.name)
 def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
     name, mr_max = emu.source_and_symbol(kern.name)[1], kern.mr
-    kernel, reference = getattr(library, name), getattr(library, REFERENCE)
+    kernel, reference = getattr(library, name), getattr(library, emu.INT4_REFERENCE)
     rng = np.random.default_rng(11)
     for dtype in DTYPES:
         for group_size, groups in ((32, 9), (64, 2)):  # 9: four side by side, two, one
@@ -102,10 +100,7 @@ def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
         assert len(group) > 1 and all(kern.converts_x for kern in group), group
         nr, kr = layout
         n_padded = -(-n // nr) * nr
-        w = np.zeros((n_padded, k), np.int8)
-        w[:n] = rng.integers(-128, 128, (n, k), dtype=np.int8)
-        panels = np.empty(qkern._woq.packed_size(n_padded, k, nr, kr), np.int8)
-        qkern._woq.pack(w, nr, kr, panels)
+        panels = packed_panels(rng.integers(-128, 128, (n, k), dtype=np.int8), nr, kr)
         scale = np.zeros(n_padded, np.float32)
         scale[:n] = rng.uniform(1e-3, 1e-2, n)
         bias = np.zeros(n_padded, np.float32)
