@@ -21,36 +21,8 @@
  */
 #include <immintrin.h>
 
-#include "io-avx512.h"
+#include "qb4w-avx512.h"
 #include "qkern/woq_ukernels.h"
-
-/* The scales s and z' = fma(-8, s, z) of the first `count` (1..16) of 16
- * columns, from their (s, z) pairs at p, of dtype DT; zeros beyond count,
- * nothing read there. */
-QK_INLINE void load_params16(const char* p, size_t count, qk_dtype DT, __m512* s, __m512* zp) {
-  const size_t values = 2 * count; /* s0 z0 s1 z1 ... */
-  QK_ASAN_CHECK(p, values * (DT == QK_F32 ? 4 : 2), 0);
-  __m512 a, b; /* pairs 0..7, pairs 8..15 */
-  if (DT == QK_F32) {
-    a = _mm512_maskz_loadu_ps(qk512_mask(values), p);
-    b = _mm512_maskz_loadu_ps(qk512_mask(values > 16 ? values - 16 : 0), p + 64);
-  } else {
-    const __mmask32 mask = values >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << values) - 1);
-    const __m512i h = _mm512_maskz_loadu_epi16(mask, p);
-    const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
-    if (DT == QK_F16) {
-      a = _mm512_cvtph_ps(h0);
-      b = _mm512_cvtph_ps(h1);
-    } else {
-      a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
-    }
-  }
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  *s = _mm512_permutex2var_ps(a, even, b);
-  const __m512 z = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
-  *zp = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *s, z);
-}
 
 /* One k of GS groups: per group s, the 16-byte rows at wk + s *
  * group_size * 16 + p * panel_bytes (p < P) widened and multiplied into
@@ -77,17 +49,15 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const
 
 /* Groups g .. g + GS - 1 of P consecutive panels from panel p0 (w0 at its
  * first k-row) for MR rows, the products of the groups side by side, each
- * applied to acc in turn (see the top). */
+ * applied to acc in turn (see the top); called by qb4w-rows-avx512.h. */
 QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, const qk_dtype DT,
                            size_t g, size_t p0, size_t nc, size_t kc, size_t group_size,
                            const float* const* ar, const uint8_t* w0, const char* sz,
-                           size_t sz_stride, __m512i low, __m512 acc[8][8]) {
-  const size_t pair = DT == QK_F32 ? 8 : 4, panel_bytes = kc * 16;
+                           size_t sz_stride, __m512 acc[8][8]) {
+  const size_t panel_bytes = kc * 16;
+  const __m512i low = _mm512_set1_epi32(15);
   if ((g + GS) * group_size < kc) /* the next groups' scales and zeros, fetched now */
-    for (size_t s = 0; s < GS; s++)
-      for (size_t p = 0; p < P; p++)
-        for (size_t l = 0; l < pair * 32; l += 64)
-          _mm_prefetch(sz + (g + GS + s) * sz_stride + (32 * (p0 + p)) * pair + l, _MM_HINT_T0);
+    qk512_qb4w_prefetch_params(P, GS, DT, g + GS, p0, sz, sz_stride);
   __m512 ps[8][8];
   for (size_t i = 0; i < MR; i++)
     for (size_t v = 0; v < 2 * P * GS; v++) ps[i][v] = _mm512_setzero_ps();
@@ -102,65 +72,9 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
     for (size_t u = 0; u < 4; u++)
       qb4w_step(MR, P, GS, wk + u * 16, panel_bytes, group_size, ar, k + u, low, ps);
   }
-  for (size_t s = 0; s < GS; s++) {
-    const char* row = sz + (g + s) * sz_stride;
-    for (size_t v = 0; v < 2 * P; v++) {
-      const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
-      if (col >= nc) break;
-      __m512 sc, zp;
-      load_params16(row + col * pair, nc - col < 16 ? nc - col : 16, DT, &sc, &zp);
-#pragma GCC unroll 8
-      for (size_t i = 0; i < MR; i++) {
-        acc[i][v] = _mm512_fmadd_ps(ps[i][2 * P * s + v], sc, acc[i][v]);
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(ar[i][kc + g + s]), zp, acc[i][v]);
-      }
-    }
-  }
+  qk512_qb4w_apply_groups(MR, P, GS, DT, g, p0, nc, kc, ar, sz, sz_stride, ps, acc);
 }
 
-/* P consecutive panels from panel p0 for MR rows (see the top). */
-QK_INLINE void qb4w_panels(const size_t MR, const size_t P, const qk_dtype DT, size_t p0, size_t nc,
-                           size_t kc, size_t group_size, const float* const* ar, char* const* cr,
-                           const uint8_t* w, const char* sz, size_t sz_stride, const float* bias) {
-  const size_t groups = kc / group_size;
-  const __m512i low = _mm512_set1_epi32(15);
-  const uint8_t* w0 = w + p0 * kc * 16;
-  __m512 acc[8][8];
-  for (size_t i = 0; i < MR; i++)
-    for (size_t v = 0; v < 2 * P; v++) acc[i][v] = _mm512_setzero_ps();
-  /* groups side by side until eight FMA chains (2 MR P GS) run */
-  const size_t GS = 2 * MR * P >= 8 ? 1 : MR == 1 ? 4 / P : 2;
-  size_t g = 0;
-  for (; g + GS <= groups; g += GS)
-    qb4w_groups(MR, P, GS, DT, g, p0, nc, kc, group_size, ar, w0, sz, sz_stride, low, acc);
-  for (; g < groups; g++)
-    qb4w_groups(MR, P, 1, DT, g, p0, nc, kc, group_size, ar, w0, sz, sz_stride, low, acc);
-  for (size_t v = 0; v < 2 * P; v++) {
-    const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
-    if (col >= nc) break;
-    const __mmask16 mask = qk512_mask(nc - col);
-    const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (size_t i = 0; i < MR; i++)
-      qk512_store(cr[i], col, DT, bias ? _mm512_add_ps(acc[i][v], b) : acc[i][v], mask);
-  }
-}
-
-/* mr = MR rows over all nc columns, P panels at a time, then fewer. */
-QK_INLINE void qb4w_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t kc,
-                         size_t group_size, const float* const* a, const uint8_t* w, const void* sz,
-                         size_t sz_stride, const float* bias, void* c, ptrdiff_t c_stride) {
-  char* cr[8];
-  for (size_t i = 0; i < MR; i++) cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
-  const size_t P = MR == 1 ? 4 : MR <= 3 ? 2 : 1, panels = (nc + 31) / 32;
-  size_t p = 0;
-  for (; p + P <= panels; p += P)
-    qb4w_panels(MR, P, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
-  if (P == 4 && p + 2 <= panels) {
-    qb4w_panels(MR, 2, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
-    p += 2;
-  }
-  if (p < panels) qb4w_panels(MR, 1, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
-}
+#include "qb4w-rows-avx512.h"
 
 QK_DEFINE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512, qb4w_rows, 8)

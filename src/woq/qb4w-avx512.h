@@ -1,0 +1,92 @@
+/*
+ * qb4w-avx512.h -- AVX-512 (F/BW/VL, F16C) helpers shared by the int4
+ * groupwise kernels: the scales and zeros of 16 columns, the group
+ * epilogue and the final stores, on blocks of P panels (vectors v = 2p + h:
+ * columns 32 (p0 + p) + 16 h ..) and MR rows.  Include only from files
+ * compiled with the AVX-512 flags.
+ */
+#ifndef QKERN_QB4W_AVX512_H
+#define QKERN_QB4W_AVX512_H
+
+#include "io-avx512.h"
+
+/* The scales s and z' = fma(-8, s, z) of the first `count` (1..16) of 16
+ * columns, from their (s, z) pairs at p, of dtype DT; zeros beyond count,
+ * nothing read there. */
+QK_INLINE void qk512_qb4w_params16(const char* p, size_t count, qk_dtype DT, __m512* s,
+                                   __m512* zp) {
+  const size_t values = 2 * count; /* s0 z0 s1 z1 ... */
+  QK_ASAN_CHECK(p, values * (DT == QK_F32 ? 4 : 2), 0);
+  __m512 a, b; /* pairs 0..7, pairs 8..15 */
+  if (DT == QK_F32) {
+    a = _mm512_maskz_loadu_ps(qk512_mask(values), p);
+    b = _mm512_maskz_loadu_ps(qk512_mask(values > 16 ? values - 16 : 0), p + 64);
+  } else {
+    const __mmask32 mask = values >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << values) - 1);
+    const __m512i h = _mm512_maskz_loadu_epi16(mask, p);
+    const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
+    if (DT == QK_F16) {
+      a = _mm512_cvtph_ps(h0);
+      b = _mm512_cvtph_ps(h1);
+    } else {
+      a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+    }
+  }
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  *s = _mm512_permutex2var_ps(a, even, b);
+  const __m512 z = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
+  *zp = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *s, z);
+}
+
+/* Prefetches the scales and zeros of groups g .. g + GS - 1 of P panels
+ * from panel p0. */
+QK_INLINE void qk512_qb4w_prefetch_params(const size_t P, const size_t GS, const qk_dtype DT,
+                                          size_t g, size_t p0, const char* sz, size_t sz_stride) {
+  const size_t pair = DT == QK_F32 ? 8 : 4;
+  for (size_t s = 0; s < GS; s++)
+    for (size_t p = 0; p < P; p++)
+      for (size_t l = 0; l < pair * 32; l += 64)
+        _mm_prefetch(sz + (g + s) * sz_stride + (32 * (p0 + p)) * pair + l, _MM_HINT_T0);
+}
+
+/* The group epilogue of groups g .. g + GS - 1 (partial sums ps[i][2 P s +
+ * v] of group g + s), in group order: acc = fma(p, s, acc) then acc =
+ * fma(xs, z', acc), xs the row's group sum at ar[i][kc + g + s]. */
+QK_INLINE void qk512_qb4w_apply_groups(const size_t MR, const size_t P, const size_t GS,
+                                       const qk_dtype DT, size_t g, size_t p0, size_t nc, size_t kc,
+                                       const float* const* ar, const char* sz, size_t sz_stride,
+                                       __m512 ps[8][8], __m512 acc[8][8]) {
+  const size_t pair = DT == QK_F32 ? 8 : 4;
+  for (size_t s = 0; s < GS; s++) {
+    const char* row = sz + (g + s) * sz_stride;
+    for (size_t v = 0; v < 2 * P; v++) {
+      const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
+      if (col >= nc) break;
+      __m512 sc, zp;
+      qk512_qb4w_params16(row + col * pair, nc - col < 16 ? nc - col : 16, DT, &sc, &zp);
+#pragma GCC unroll 8
+      for (size_t i = 0; i < MR; i++) {
+        acc[i][v] = _mm512_fmadd_ps(ps[i][2 * P * s + v], sc, acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(ar[i][kc + g + s]), zp, acc[i][v]);
+      }
+    }
+  }
+}
+
+/* y = acc (+ bias) of MR rows and P panels from panel p0, one rounding to
+ * DT, columns below nc only. */
+QK_INLINE void qk512_qb4w_store(const size_t MR, const size_t P, const qk_dtype DT, size_t p0,
+                                size_t nc, const float* bias, char* const* cr, __m512 acc[8][8]) {
+  for (size_t v = 0; v < 2 * P; v++) {
+    const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
+    if (col >= nc) break;
+    const __mmask16 mask = qk512_mask(nc - col);
+    const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (size_t i = 0; i < MR; i++)
+      qk512_store(cr[i], col, DT, bias ? _mm512_add_ps(acc[i][v], b) : acc[i][v], mask);
+  }
+}
+
+#endif /* QKERN_QB4W_AVX512_H */
