@@ -1,11 +1,13 @@
 """AVX-512 micro-kernels built to run on an AVX2 CPU, for the testers.
 
-Each AVX-512 kernel of the registry (level ``avx512``) is compiled from its
-source with AVX2 flags over SIMDe's implementations of the intrinsics
-(tests/emulation/avx512_on_avx2.h), with the int4 reference kernel, into
-one shared library, built once and kept under ``build/emulated``. Its calls check the kernels'
-logic (indexing, masks, tails, sums) on machines that cannot run them; the
-instructions themselves run only on AVX-512 machines.
+Each single-call kernel of the registry's levels ``avx512`` and
+``avx512_bf16`` is compiled from its source with AVX2 flags over SIMDe's
+implementations of the intrinsics (tests/emulation/avx512_on_avx2.h, which
+gives ``vdpbf16ps`` the order and flushes the Intel SDM defines), with the
+int4 reference kernels, into one shared library, built once and kept under
+``build/emulated``. Its calls check the kernels' logic (indexing, masks,
+tails, sums) on machines that cannot run them; the instructions themselves
+run only on AVX-512 machines.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ from process_support import asan_loaded
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PRELUDE = ROOT / "tests" / "emulation" / "avx512_on_avx2.h"
-EMULATED_ISA = "avx512"
-# the int4 kernels' bits are the reference kernel's (the int8 ones are checked
-# against the float64 reference, tests/ukernel_tester.py)
-REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c",)
-INT4_REFERENCE = "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref"
+EMULATED_ISAS = ("avx512", "avx512_bf16")
+# an int4 kernel's bits are those of the reference of its compute (the int8
+# ones are checked against the float64 reference, tests/ukernel_tester.py):
+# f32_qb4w the portable kernel's, bf16_qb4w a scalar model of the order
+# include/qkern/woq.h gives it
+REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c", "tests/emulation/bf16-qb4w-model.c")
+INT4_REFERENCES = {"f32_qb4w": "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref",
+                   "bf16_qb4w": "qk_test_bf16_qb4w_model"}
 _FLAGS = ["-O2", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
           f"-I{ROOT / 'include'}", f"-I{ROOT / 'src' / 'woq'}"]
 _NAME = re.compile(r"(?P<compute>\w+?)_(?P<op>gemm|gemv)_(?P<mr>\d+)x(?P<nr>\d+)c(?P<kr>\d+)"
@@ -57,10 +62,17 @@ def source_and_symbol(name: str) -> tuple:
 
 
 def emulated_kernels(weight_format: str) -> list:
-    """The registry's kernels of the emulated level that have a single-call
-    micro-kernel on weights of ``weight_format``."""
+    """The registry's kernels of the emulated levels that have a
+    single-call micro-kernel on weights of ``weight_format``."""
     return [k for k in qkern.kernels()
-            if k.isa == EMULATED_ISA and k.weight_format == weight_format and k.kind != "kblock"]
+            if k.isa in EMULATED_ISAS and k.weight_format == weight_format
+            and k.kind != "kblock"]
+
+
+def int4_reference(name: str) -> str:
+    """The symbol of the reference whose bits the int4 kernel ``name`` gives
+    (its compute: the name's prefix up to ``_gemm``)."""
+    return INT4_REFERENCES[_NAME.fullmatch(name)["compute"]]
 
 
 def _skip_unless_runnable() -> None:
@@ -73,7 +85,7 @@ def _skip_unless_runnable() -> None:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """Every emulated kernel and the int4 reference kernel in one library
+    """Every emulated kernel and the int4 references in one library
     (the calling test skips where the CPU cannot run it), built on first
     use into ``build/emulated/<digest>`` (the digest of the sources,
     headers and flags, so a later process reuses it)."""
@@ -121,7 +133,8 @@ def library() -> ctypes.CDLL:
         symbol = source_and_symbol(k.name)[1]
         getattr(handle, symbol).argtypes = (
             _INT4_ARGS if k.weight_format == qkern.dispatch.INT4 else _UKERNEL_ARGS)
-    getattr(handle, INT4_REFERENCE).argtypes = _INT4_ARGS
+    for symbol in INT4_REFERENCES.values():
+        getattr(handle, symbol).argtypes = _INT4_ARGS
     return handle
 
 

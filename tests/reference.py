@@ -180,6 +180,11 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # the products x_k q_k and the sums of them are multiples of x's spacing and
 # exact there). The final rounding adds u_out |v| and half a subnormal, as
 # for int8.
+# A kernel summing p with vdpbf16ps (bf16_qb4w, flushes_subnormals) takes
+# subnormal x_k as zero (each product then off by at most 15 * 2**-126) and
+# flushes a subnormal p (each of the g steps off by at most 2**-126 more):
+# p is off by g * 16 * 2**-126 more per group, so y by |s| times that,
+#   + 16 * g * 2**-126 * sum_grp |s|   (daz).
 
 
 def int4_dequantize(q, sz, group_size):
@@ -195,8 +200,9 @@ def int4_reference(x, q, sz, group_size, bias=None):
     return y if bias is None else y + np.asarray(bias).astype(np.float64)
 
 
-def int4_bound(x, q, sz, group_size, bias, dtype):
-    """Elementwise bound on |y - y*| (the analysis above)."""
+def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False):
+    """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
+    kernel that flushes subnormals)."""
     dtype = np.dtype(dtype)
     x_abs = np.abs(np.asarray(x).astype(np.float64))
     groups = np.asarray(sz).shape[0]
@@ -210,16 +216,18 @@ def int4_bound(x, q, sz, group_size, bias, dtype):
     gamma = steps * U32 / (1 - steps * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
     e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
+    if daz:
+        e32 = e32 + 16 * group_size * 2.0**-126 * s.sum(axis=0)
     y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 
 
-def assert_int4_close(y, x, q, sz, group_size, bias=None):
+def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False):
     """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*."""
     dtype = np.dtype(np.asarray(x).dtype)
     assert y.dtype == dtype, (y.dtype, dtype)
     ref = int4_reference(x, q, sz, group_size, bias)
-    tol = int4_bound(x, q, sz, group_size, bias, dtype)
+    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz)
     assert y.shape == ref.shape, (y.shape, ref.shape)
     err = np.abs(y.astype(np.float64) - ref)
     bad = ~(err <= tol)  # NaN fails

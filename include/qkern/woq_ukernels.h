@@ -40,7 +40,8 @@ QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
 
 /* Kernels on int4 groupwise weights (qk_woq_int4_ukernel_fn); compute
- * "f32_qb4w": f32 FMAs over 4-bit blockwise-scaled weights. */
+ * "f32_qb4w": f32 FMAs over 4-bit blockwise-scaled weights, "bf16_qb4w":
+ * bf16 pair dot products (vdpbf16ps) over them. */
 #define QK_DECLARE_INT4_UKERNEL(NAME)                                                           \
   void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
             qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
@@ -49,6 +50,7 @@ QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref)
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2)
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512)
+QK_DECLARE_INT4_UKERNEL(qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16)
 
 /* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
 void qk_woq_widen_x16c1__avx2(const int8_t* packed, size_t panels, size_t kc, void* out);

@@ -103,4 +103,14 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
     }                                                                                           \
   }
 
+/* QK_DEFINE_INT4_UKERNEL for bf16 x only (the registry never hands it
+ * another dtype). */
+#define QK_DEFINE_INT4_UKERNEL_BF16(NAME, ROWS, MR)                                             \
+  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
+            qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
+            void* c, ptrdiff_t c_stride) {                                                      \
+    (void)dt;                                                                                   \
+    QK_INT4_ROWS_SWITCH(ROWS, MR, QK_BF16)                                                      \
+  }
+
 #endif /* QKERN_UKERNEL_DEFINE_H */

@@ -82,6 +82,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16},
     {"bf16_gemm_8x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 2, BF16, INT8,
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16},
+    {"bf16_qb4w_gemm_8x32c1__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 1, BF16, INT4,
+     FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
+     .int4_fn = qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16},
 #endif
 #ifdef QKERN_HAVE_AMX
     {"bf16_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8, FLUSHES | SPLITS,

@@ -37,6 +37,15 @@ static inline simde__m512i qk_emu_cvtepu8_epi32(simde__m128i a) {
   return simde_mm512_loadu_si512(out);
 }
 
+/* 32 uint8 -> 32 int16, zero-extended (vpmovzxbw). */
+static inline simde__m512i qk_emu_cvtepu8_epi16(simde__m256i a) {
+  uint8_t in[32];
+  int16_t out[32];
+  memcpy(in, &a, 32);
+  for (int i = 0; i < 32; i++) out[i] = in[i];
+  return simde_mm512_loadu_si512(out);
+}
+
 /* 16 int32 -> 16 int16, truncated (vpmovdw). */
 static inline simde__m256i qk_emu_cvtepi32_epi16(simde__m512i a) {
   int32_t in[16];
@@ -115,6 +124,64 @@ static inline float qk_emu_reduce_add_ps(simde__m512 a) {
   return p0 + p1;
 }
 
+/* vdpbf16ps as the Intel SDM defines it, lane by lane: src += a.hi * b.hi,
+ * then src += a.lo * b.lo (bf16 pairs of the lane; each product exact in
+ * fp32, each add rounded to nearest even whatever MXCSR says), inputs
+ * (src and the bf16 values) that are subnormal taken as zero and
+ * subnormal results flushed to zero (SIMDe's portable version sums the
+ * two products in another order). */
+static inline float qk_emu_daz(float v) {
+  return fpclassify(v) == FP_SUBNORMAL ? copysignf(0.0f, v) : v;
+}
+static inline float qk_emu_bf16(uint16_t bits) {
+  const uint32_t u = (uint32_t)bits << 16;
+  float v;
+  memcpy(&v, &u, 4);
+  return qk_emu_daz(v);
+}
+static inline simde__m512 qk_emu_dpbf16_ps(simde__m512 src, simde__m512bh a, simde__m512bh b) {
+  float acc[16];
+  uint16_t x[32], y[32];
+  simde_mm512_storeu_ps(acc, src);
+  memcpy(x, &a, 64);
+  memcpy(y, &b, 64);
+  for (int i = 0; i < 16; i++) {
+    float r = qk_emu_daz(acc[i]);
+    for (int h = 1; h >= 0; h--)
+      r = qk_emu_daz(fmaf(qk_emu_bf16(x[2 * i + h]), qk_emu_bf16(y[2 * i + h]), r));
+    acc[i] = r;
+  }
+  return simde_mm512_loadu_ps(acc);
+}
+
+/* vcvtne2ps2bf16: the 32 bf16 of b's 16 lanes, then a's, each rounded to
+ * nearest even (NaN quiet) with subnormal inputs and results taken as
+ * zero (SIMDe has no version). */
+static inline uint16_t qk_emu_to_bf16(float v) {
+  uint32_t u;
+  v = qk_emu_daz(v);
+  memcpy(&u, &v, 4);
+  if (isnan(v)) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  uint16_t h = (uint16_t)(u >> 16);
+  if ((h & 0x7f80) == 0) h &= 0x8000; /* a subnormal result */
+  return h;
+}
+static inline simde__m512bh qk_emu_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
+  float lanes[32];
+  uint16_t out[32];
+  simde__m512bh r;
+  simde_mm512_storeu_ps(lanes, b);
+  simde_mm512_storeu_ps(lanes + 16, a);
+  for (int i = 0; i < 32; i++) out[i] = qk_emu_to_bf16(lanes[i]);
+  memcpy(&r, out, 64);
+  return r;
+}
+
+#undef _mm512_cvtne2ps_pbh
+#define _mm512_cvtne2ps_pbh(a, b) qk_emu_cvtne2ps_pbh(a, b)
+#undef _mm512_dpbf16_ps
+#define _mm512_dpbf16_ps(src, a, b) qk_emu_dpbf16_ps(src, a, b)
 #undef _mm512_reduce_add_ps
 #define _mm512_reduce_add_ps(a) qk_emu_reduce_add_ps(a)
 #undef _mm512_fmadd_ps
@@ -125,6 +192,8 @@ static inline float qk_emu_reduce_add_ps(simde__m512 a) {
 #define _mm512_cvtepi8_epi32(a) qk_emu_cvtepi8_epi32(a)
 #undef _mm512_cvtepu8_epi32
 #define _mm512_cvtepu8_epi32(a) qk_emu_cvtepu8_epi32(a)
+#undef _mm512_cvtepu8_epi16
+#define _mm512_cvtepu8_epi16(a) qk_emu_cvtepu8_epi16(a)
 #undef _mm512_cvtepi32_epi16
 #define _mm512_cvtepi32_epi16(a) qk_emu_cvtepi32_epi16(a)
 #undef _mm512_cvtps_ph

@@ -1,10 +1,11 @@
-"""AVX-512 int4 kernels on any AVX2 machine: each, compiled over SIMDe
-(tests/emulated_kernels.py), must give the reference kernel's bits on
+"""AVX-512 and AVX-512-BF16 int4 kernels on any AVX2 machine: each,
+compiled over SIMDe (tests/emulated_kernels.py), must give the bits of the
+reference of its compute (include/qkern/woq.h, "Order of the sums") on
 every mr, column count, dtype and group size, into poisoned outputs. This
 checks the kernels' logic (indexing, masks, tails, the order of the sums)
 where the CPU cannot run them; their instructions run natively in
-tests/woq/test_int4.py on AVX-512 machines. (The AVX-512 int8 kernels run
-emulated through the sweeps of tests/woq/test_ukernels.py.)"""
+tests/woq/test_int4.py on those machines. (The int8 kernels of these
+levels run emulated through the sweeps of tests/woq/test_ukernels.py.)"""
 
 import ctypes
 
@@ -15,6 +16,7 @@ import emulated_kernels as emu
 import qkern
 from qkern._dtypes import bfloat16, dtype_code
 from qkern.dispatch import INT4
+from reference import assert_int4_close
 from ukernel_tester import packed_panels
 
 EMULATED = emu.emulated_kernels(INT4)
@@ -44,10 +46,11 @@ def _x_with_group_sums(x, group_size):
 
 
 def test_every_kernel_of_the_emulated_isa_is_emulated():
-    """The registry has AVX-512 kernels to check, each named by the rule
-    the emulation derives its source and symbol from."""
-    assert EMULATED, f"no {emu.EMULATED_ISA} int4 kernel in the registry"
-    for kern in EMULATED + emu.emulated_kernels(qkern.dispatch.INT8):
+    """The registry has kernels of every emulated level to check, each
+    named by the rule the emulation derives its source and symbol from."""
+    kernels = EMULATED + emu.emulated_kernels(qkern.dispatch.INT8)
+    assert {k.isa for k in EMULATED} == set(emu.EMULATED_ISAS), EMULATED
+    for kern in kernels:
         source, _ = emu.source_and_symbol(kern.name)
         assert (emu.ROOT / source).is_file(), (kern.name, source)
 
@@ -55,9 +58,9 @@ def test_every_kernel_of_the_emulated_isa_is_emulated():
 @pytest.mark.parametrize("kern", EMULATED, ids=lambda k: k.name)
 def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
     name, mr_max = emu.source_and_symbol(kern.name)[1], kern.mr
-    kernel, reference = getattr(library, name), getattr(library, emu.INT4_REFERENCE)
+    kernel, reference = getattr(library, name), getattr(library, emu.int4_reference(kern.name))
     rng = np.random.default_rng(11)
-    for dtype in DTYPES:
+    for dtype in (d for d in DTYPES if np.dtype(d).name in kern.dtypes):
         for group_size, groups in ((32, 9), (64, 2)):  # 9: four side by side, two, one
             kc = group_size * groups
             for nc in (1, 16, 17, 32, 45, 64, 96, 100, 129, 160, 200):  # 1 to 7 panels
@@ -65,15 +68,20 @@ def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
                 panels = qkern.pack_int4(q).reshape(-1)
                 sz = rng.standard_normal((groups, nc, 2)).astype(dtype)
                 bias = qkern.woq._padded_f32(rng.standard_normal(nc).astype(np.float32), 32)
-                x = rng.standard_normal((mr_max, kc)).astype(dtype).astype(np.float32)
+                # magnitudes 2**-8 .. 2**8 apart: sums of bf16 products round
+                x = rng.standard_normal((mr_max, kc)) * 2.0 ** rng.integers(-8, 9, (mr_max, kc))
+                x = x.astype(dtype).astype(np.float32)
                 x_rows = _x_with_group_sums(x, group_size)
                 bits = np.uint32 if dtype == np.float32 else np.uint16
                 want = {}
                 for b in (bias, None):
                     want[b is None] = np.empty((mr_max, nc), dtype)
-                    for r in range(mr_max):  # the reference takes at most 4 rows
+                    for r in range(mr_max):  # the references take one row at a time
                         _run(reference, [r], nc, kc, group_size, x_rows, dtype, panels, sz, b,
                              want[b is None][r:r + 1])
+                # the bits wanted are within the bound (the references' own check)
+                assert_int4_close(want[True], x.astype(dtype), q, sz, group_size,
+                                  daz=kern.flushes_subnormals)
                 for mr in range(1, mr_max + 1):
                     for b in (bias, None):
                         big = np.full((mr + 2, nc + 11), np.nan, dtype)
@@ -88,16 +96,18 @@ def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
 
 
 def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
-    """The AVX-512 int8 kernels on one packed layout differ only in MR
-    (docs/semantics.rst, "Determinism"): each row of a problem gets the
-    same bits from every one of them, called on rows one MR at a time."""
+    """The int8 kernels of one emulated level on one packed layout differ
+    only in MR (docs/semantics.rst, "Determinism"): each row of a problem
+    gets the same bits from every one of them, called on rows one MR at a
+    time."""
     kernels = [k for k in emu.emulated_kernels(qkern.dispatch.INT8) if k.kind == "panels"]
-    layouts = {k.layout for k in kernels}
+    families = {(k.isa, k.layout) for k in kernels}
+    assert {isa for isa, _ in families} == set(emu.EMULATED_ISAS), families
     rng = np.random.default_rng(17)
     m, n, k = 13, 70, 37
-    for layout in layouts:
-        group = [kern for kern in kernels if kern.layout == layout]
-        assert len(group) > 1 and all(kern.converts_x for kern in group), group
+    for isa, layout in families:
+        group = [kern for kern in kernels if (kern.isa, kern.layout) == (isa, layout)]
+        assert len(group) > 1, group
         nr, kr = layout
         n_padded = -(-n // nr) * nr
         panels = packed_panels(rng.integers(-128, 128, (n, k), dtype=np.int8), nr, kr)
@@ -105,10 +115,11 @@ def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
         scale[:n] = rng.uniform(1e-3, 1e-2, n)
         bias = np.zeros(n_padded, np.float32)
         bias[:n] = rng.standard_normal(n)
-        for dtype in DTYPES:
-            x = rng.standard_normal((m, k)).astype(dtype).astype(np.float32)
+        for dtype in (d for d in DTYPES if np.dtype(d).name in group[0].dtypes):
+            x_dtype = rng.standard_normal((m, k)).astype(dtype)
             outs = []
             for kern in group:
+                x = x_dtype.astype(np.float32) if kern.converts_x else x_dtype
                 call, y = emu.ukernel_call(kern), np.empty((m, n), dtype)
                 for r in range(0, m, kern.mr):
                     rows = min(kern.mr, m - r)

@@ -1,7 +1,8 @@
 """int4 groupwise WoQ GEMM: quantizing, the packed layout, every int4
 kernel against the float64 reference within the derived bound
-(tests/reference.py), the fixed order of sums (every kernel, thread count
-and blocking gives the same bits), and the errors of the public API."""
+(tests/reference.py), the fixed order of sums (every kernel of one compute,
+thread count and blocking gives the same bits), and the errors of the
+public API."""
 
 import pickle
 import threading
@@ -20,7 +21,16 @@ from reference import BF16, DTYPES, assert_int4_close, int4_bound, int4_dequanti
 
 DTYPE_IDS = [d.name for d in DTYPES]
 INT4_KERNELS = kernel_params(INT4)
+# every kernel with each dtype it takes
+INT4_KERNEL_DTYPES = [pytest.param(p.values[0], d, id=f"{p.id}-{d.name}", marks=p.marks)
+                      for p in INT4_KERNELS for d in DTYPES if d.name in p.values[0].dtypes]
 REFERENCE = "f32_qb4w_gemm_4x32c1__ref"
+
+
+def _compute(kern):
+    """The compute of an int4 kernel, its name up to ``_gemm``: kernels of
+    one compute sum in one order (include/qkern/woq.h)."""
+    return kern.name.split("_gemm_")[0]
 
 
 def _problem(rng, m, n, k, group_size, dtype, bias=True):
@@ -106,8 +116,7 @@ def test_quantize_int4_refuses_what_it_cannot_quantize():
         qkern.quantize_int4(np.zeros((2, 32), np.float64), 32)
 
 
-@pytest.mark.parametrize("kern", INT4_KERNELS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kern, dtype", INT4_KERNEL_DTYPES)
 def test_kernel_is_within_the_bound(kern, dtype):
     """Every int4 kernel against the float64 reference, over M around its
     MR, N around a panel, every group size, with and without bias."""
@@ -116,7 +125,8 @@ def test_kernel_is_within_the_bound(kern, dtype):
         for m, n in [(1, 1), (kern.mr, 31), (kern.mr + 1, 33), (2 * kern.mr + 1, 64), (3, 100)]:
             x, q, sz, b = _problem(rng, m, n, 2 * group_size, group_size, dtype,
                                    bias=m % 2 == 1)
-            assert_int4_close(_run_kernel(kern, x, q, sz, group_size, b), x, q, sz, group_size, b)
+            assert_int4_close(_run_kernel(kern, x, q, sz, group_size, b), x, q, sz, group_size, b,
+                              daz=kern.flushes_subnormals)
 
 
 def test_the_bound_can_fail():
@@ -137,33 +147,39 @@ def test_the_bound_can_fail():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
-    """docs/semantics.rst, "int4": the order of the sums is fixed, so the
-    kernel M selects, the rows passed with a row, the threads and the
-    blocking change no bit."""
-    kernels = [p.values[0] for p in INT4_KERNELS if p.values[0].available]
+    """docs/semantics.rst, "int4": the order of the sums is fixed for the
+    kernels of one compute, so among them the kernel M selects, the rows
+    passed with a row, the threads and the blocking change no bit; the
+    functional op gives the bits of its static choice's compute."""
+    kernels = [p.values[0] for p in INT4_KERNELS
+               if p.values[0].available and dtype.name in p.values[0].dtypes]
     assert kernels and kernels[0].name == REFERENCE
     rng = np.random.default_rng(7)
     x, q, sz, b = _problem(rng, 37, 3 * 32 + 5, 256, 64, dtype)
-    want = _run_kernel(kernels[0], x, q, sz, 64, b).view(np.uint8)
+    wants = {}
     for kern in kernels:
+        want = wants.setdefault(_compute(kern),
+                                _run_kernel(kern, x, q, sz, 64, b).view(np.uint8))
         for threads in (1, 2, 3):
             got = _run_kernel(kern, x, q, sz, 64, b, num_threads=threads).view(np.uint8)
             assert np.array_equal(got, want), (kern.name, threads)
         for row, rows in ((0, 1), (5, 1), (36, 1), (3, 2), (10, 3)):  # another mr, another
             got = _run_kernel(kern, x[row:row + rows], q, sz, 64, b).view(np.uint8)  # loop
             assert np.array_equal(got, want[row:row + rows]), (kern.name, row, rows)
+    static = qkern.dispatch.choose_kernel(dtype, 37, weight_format=INT4)
     functional = qkern.weight_int4pack_mm(x, qkern.pack_int4(q), 64, sz, bias=b)
-    assert np.array_equal(functional.view(np.uint8), want)
-    kern = kernels[-1]
+    assert np.array_equal(functional.view(np.uint8), wants[_compute(static)])
     packed = qkern.pack_int4(q)
-    for cut in [Blocking(5, 1, 0, 1, "m"), Blocking(7, 40000, 0, 1, "n"),
-                Blocking(1000, 1 << 30, 0, 1 << 20, "m")]:
-        y = np.empty((37, 101), dtype)
-        _woq.gemm_int4(kern.index, x, 37, 101, 256, 64, dtype_code(dtype), x.strides[0], None,
-                       packed.reshape(-1), sz, qkern.woq._padded_f32(b, 32), y, y.strides[0], 2,
-                       cut.to_driver())
-        assert np.array_equal(y.view(np.uint8), want), cut
-    for kern in kernels:  # one row, chunks of one panel: the groups side by side
+    for kern in kernels:
+        want = wants[_compute(kern)]
+        for cut in [Blocking(5, 1, 0, 1, "m"), Blocking(7, 40000, 0, 1, "n"),
+                    Blocking(1000, 1 << 30, 0, 1 << 20, "m")]:
+            y = np.empty((37, 101), dtype)
+            _woq.gemm_int4(kern.index, x, 37, 101, 256, 64, dtype_code(dtype), x.strides[0],
+                           None, packed.reshape(-1), sz, qkern.woq._padded_f32(b, 32), y,
+                           y.strides[0], 2, cut.to_driver())
+            assert np.array_equal(y.view(np.uint8), want), (kern.name, cut)
+        # one row, chunks of one panel: the groups side by side
         for rows in (1, 2, 3):
             y = np.empty((rows, 101), dtype)
             _woq.gemm_int4(kern.index, x, rows, 101, 256, 64, dtype_code(dtype), x.strides[0],
@@ -177,7 +193,7 @@ def test_micro_kernel_alone_writes_only_its_output(kern):
     """One micro-kernel call, no driver: nc not a multiple of the panel,
     every mr, rows of c apart with poison around; agrees with the driver."""
     rng = np.random.default_rng(3)
-    for dtype in DTYPES:
+    for dtype in (d for d in DTYPES if d.name in kern.dtypes):
         for mr in range(1, kern.mr + 1):
             for nc in (1, 8, 17, 32, 45, 64, 70, 129):
                 x, q, sz, b = _problem(rng, mr, nc, 96, 32, dtype)
@@ -313,7 +329,8 @@ def test_the_bound_covers_roundings_in_the_subnormal_range():
     q = np.zeros((1, 64), np.uint8)
     q[0, 0] = q[0, 32] = 9
     sz = np.array([[[0.5, 4.0]], [[0.5, 4.0]]], np.float32)
-    for kern in (p.values[0] for p in INT4_KERNELS if p.values[0].available):
+    for kern in (p.values[0] for p in INT4_KERNELS if p.values[0].available
+                 and "float32" in p.values[0].dtypes):
         y = _run_kernel(kern, x, q, sz, 32, None)
         assert y[0, 0] == 8 * tiny, (kern.name, y[0, 0] / tiny)
         assert_int4_close(y, x, q, sz, 32)

@@ -1,0 +1,108 @@
+/*
+ * bf16-qb4w-gemm-x32c1-avx512bf16.c -- the WoQ GEMM micro-kernel 8x32c1 on
+ * int4 groupwise weights for bf16 x, AVX-512 F/BW/VL + AVX512_BF16
+ * (vdpbf16ps).
+ *
+ * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
+ * layout (nr = 32), bf16 x only, which arrives in f32 (exact) with its
+ * group sums; the order of sums of the "bf16_qb4w" kernels in the header.
+ * Per 32 k of a group, each row's 32 x values are narrowed back to bf16
+ * (exact) into a buffer of 16 (x[k], x[k+1]) pairs, each later broadcast
+ * as one 32-bit lane.  A panel's 16-byte rows k and k+1 (32 bytes) widen
+ * in-register to two vectors of 16 columns x (q[k], q[k+1]) bf16, columns
+ * 0..15 and 16..31: a zero-extension to words, one word permutation that
+ * pairs the two rows column by column, an AND and a shift, and a lookup
+ * of q -> bf16(q) (exact) in a 16-word table; shared by the rows, one
+ * vdpbf16ps per row and vector adds x[k+1] q[k+1], then x[k] q[k] (exact
+ * products, each add rounded, DAZ/FTZ) into the group's partial sums p.
+ * Twice the multiply-adds of an FMA per instruction.  The group epilogue
+ * is the f32 kernels': acc = fma(p, s, acc), acc = fma(xs, z', acc)
+ * (qb4w-avx512.h).  The body is specialised for each mr in 1..8; the
+ * panels and groups run at once as in f32_qb4w_gemm_8x32c1__avx512
+ * (qb4w-rows-avx512.h).
+ */
+#include <immintrin.h>
+
+#include "qb4w-avx512.h"
+#include "qkern/woq_ukernels.h"
+
+/* bf16(q) for q = 0..15 (exact); entries 16..31 are never indexed. */
+static const uint16_t bf16_of_q[32]
+    __attribute__((aligned(64))) = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+                                    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+
+/* Word indices pairing 16 bytes of row k (words 0..15) with those of row
+ * k + 1 (words 16..31), column by column. */
+static const uint16_t pair_rows[32]
+    __attribute__((aligned(64))) = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+/* The 32 bytes of rows k and k + 1 at row -> the (q[k], q[k+1]) bf16
+ * pairs of columns 0..15 (*q0) and 16..31 (*q1). */
+QK_INLINE void widen_pair(const uint8_t* row, __m512i pairs, __m512i table, __m512bh* q0,
+                          __m512bh* q1) {
+  const __m512i b = _mm512_permutexvar_epi16(
+      pairs, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)row)));
+  *q0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(b, _mm512_set1_epi16(15)), table);
+  *q1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+}
+
+/* The 32 x values of MR rows from k (f32 holding bf16 values) as 16 bf16
+ * pairs per row, xb[i][0..15]. */
+QK_INLINE void narrow_x32(const size_t MR, const float* const* ar, size_t k, uint32_t xb[8][16]) {
+  const __m512i high = _mm512_load_si512(qk512_high_halves);
+#pragma GCC unroll 8
+  for (size_t i = 0; i < MR; i++)
+    _mm512_store_si512(
+        xb[i], _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_loadu_ps(ar[i] + k)), high,
+                                         _mm512_castps_si512(_mm512_loadu_ps(ar[i] + k + 16))));
+}
+
+/* Groups g .. g + GS - 1 of P consecutive panels from panel p0 (w0 at its
+ * first k-row) for MR rows, the products of the groups side by side, each
+ * applied to acc in turn (see the top); called by qb4w-rows-avx512.h. */
+QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, const qk_dtype DT,
+                           size_t g, size_t p0, size_t nc, size_t kc, size_t group_size,
+                           const float* const* ar, const uint8_t* w0, const char* sz,
+                           size_t sz_stride, __m512 acc[8][8]) {
+  const size_t panel_bytes = kc * 16;
+  const __m512i pairs = _mm512_load_si512(pair_rows), table = _mm512_load_si512(bf16_of_q);
+  if ((g + GS) * group_size < kc) /* the next groups' scales and zeros, fetched now */
+    qk512_qb4w_prefetch_params(P, GS, DT, g + GS, p0, sz, sz_stride);
+  __m512 ps[8][8];
+  for (size_t i = 0; i < MR; i++)
+    for (size_t v = 0; v < 2 * P * GS; v++) ps[i][v] = _mm512_setzero_ps();
+  uint32_t xb[4][8][16] __attribute__((aligned(64)));
+  /* groups are multiples of 32 (the registry's) */
+  for (size_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += 32) {
+    for (size_t s = 0; s < GS; s++) narrow_x32(MR, ar, k0 + s * group_size, xb[s]);
+    const uint8_t* wk = w0 + k0 * 16;
+    for (size_t j = 0; j < 16; j++, wk += 32) { /* the pair (k0 + 2j, k0 + 2j + 1) */
+      if (j % 2 == 0) /* one 64-byte line of each panel and group per two pairs */
+        for (size_t s = 0; s < GS; s++)
+          for (size_t p = 0; p < P; p++)
+            _mm_prefetch(
+                (const char*)wk + s * group_size * 16 + p * panel_bytes + QK_PREFETCH_BYTES,
+                _MM_HINT_T0);
+#pragma GCC unroll 4
+      for (size_t s = 0; s < GS; s++)
+#pragma GCC unroll 4
+        for (size_t p = 0; p < P; p++) {
+          __m512bh q0, q1;
+          widen_pair(wk + s * group_size * 16 + p * panel_bytes, pairs, table, &q0, &q1);
+#pragma GCC unroll 8
+          for (size_t i = 0; i < MR; i++) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[s][i][j]);
+            __m512* pv = &ps[i][2 * P * s + 2 * p];
+            pv[0] = _mm512_dpbf16_ps(pv[0], q0, xv);
+            pv[1] = _mm512_dpbf16_ps(pv[1], q1, xv);
+          }
+        }
+    }
+  }
+  qk512_qb4w_apply_groups(MR, P, GS, DT, g, p0, nc, kc, ar, sz, sz_stride, ps, acc);
+}
+
+#include "qb4w-rows-avx512.h"
+
+QK_DEFINE_INT4_UKERNEL_BF16(qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16, qb4w_rows, 8)
