@@ -11,7 +11,8 @@ beforehand and kept by the layer, when its bytes fit the layer's
 ``memory_budget`` (:class:`~qkern.WoqLinear`). The search starts from the static
 rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
-the kernel (of the static choice's ISA level), then the thread count, the
+the kernel (of the static choice's ISA level, and on an AVX-512-BF16 CPU
+also of the AVX-512 level: :data:`TUNED_WITH`), then the thread count, the
 split, the chunk size, the rows per task and, for K-block kernels, the K
 block, and tries the widened copy for the kernels that read one (which
 must then beat the best candidate on the packed weight by 5 %, side by
@@ -89,8 +90,9 @@ from qkern._lru import LruCache
 from qkern._version import __version__
 from qkern.dispatch import Blocking, Kernel
 
-__all__ = ["Choice", "WEIGHT_FORMS", "autotune_enabled", "cache_path", "check_memory_budget",
-           "choice_for", "clear", "compare", "cpu_signature", "m_bucket", "tune", "widened_ok"]
+__all__ = ["Choice", "TUNED_WITH", "WEIGHT_FORMS", "autotune_enabled", "cache_path",
+           "check_memory_budget", "choice_for", "clear", "compare", "cpu_signature", "m_bucket",
+           "tune", "widened_ok"]
 
 FILE_FORMAT = 2
 # Tuning problem size: at most this many rows, and columns for about this
@@ -614,11 +616,22 @@ def _thread_counts(threads: int) -> list:
     return sorted(counts, reverse=True)
 
 
+#: Levels whose kernels the tuner times beside those of the static choice's
+#: level, on the same packed weight: on an AVX-512-BF16 CPU the AVX-512
+#: (FMA) kernels, since which of vdpbf16ps and the FMA wins depends on the
+#: CPU (vdpbf16ps at the FMA's instruction rate on Zen 4 and 5, at half of it
+#: on Intel's).  They sum in another order: a tuned choice of one of them
+#: gives bfloat16 rows other last bits, which can then depend on M.
+TUNED_WITH = {"avx512_bf16": ("avx512",)}
+
+
 def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:
     """The candidate kernels: those of the static choice's ISA level (whose
-    kernels give a row the same bits) that read ``layout`` in ``weight_format``."""
+    kernels give a row the same bits) and of the levels :data:`TUNED_WITH`
+    adds to it, that read ``layout`` in ``weight_format``."""
+    levels = (isa, *TUNED_WITH.get(isa, ()))
     return [k for k in dispatch.REGISTRY
-            if k.available and dtype in k.dtypes and k.isa == isa
+            if k.available and dtype in k.dtypes and k.isa in levels
             and k.weight_format == weight_format and k.layout == tuple(layout)
             and k.kind != "unpacked"]
 

@@ -437,3 +437,31 @@ def test_threads_calling_a_layer_share_one_widened_copy():
         t.join()
     assert made == [kern.name]
     assert all(np.array_equal(g, e) for g, e in zip(got, want))
+
+
+def test_avx512_bf16_candidates_include_the_avx512_kernels(monkeypatch):
+    """On an AVX-512-BF16 CPU the tuner times the AVX-512 FMA kernels
+    beside the vdpbf16ps ones (tuning.TUNED_WITH), on the same packed
+    layout; no other level joins, and no other static level gains any.
+    Every compiled kernel is made available, as on such a CPU."""
+    import dataclasses
+
+    monkeypatch.setattr(qkern.dispatch, "REGISTRY",
+                        [dataclasses.replace(k, available=True) for k in qkern.dispatch.REGISTRY])
+    int8, int4 = qkern.dispatch.INT8, qkern.dispatch.INT4
+
+    def names(dtype, layout, isa, fmt):
+        return {k.name for k in tuning._kernels(dtype, layout, isa, fmt)}
+
+    assert names("bfloat16", (32, 2), "avx512_bf16", int8) == {
+        k.name for k in qkern.dispatch.REGISTRY if k.layout == (32, 2) and k.kind == "panels"
+        and k.isa in ("avx512", "avx512_bf16") and k.weight_format == int8}
+    assert {"bf16_gemm_8x32c2__avx512bf16", "f32_gemm_6x32c2__avx512"} <= names(
+        "bfloat16", (32, 2), "avx512_bf16", int8)
+    assert names("bfloat16", (32, 1), "avx512_bf16", int4) == {
+        "bf16_qb4w_gemm_8x32c1__avx512bf16", "f32_qb4w_gemm_8x32c1__avx512"}
+    assert names("float32", (32, 2), "avx512", int8) == {
+        "f32_gemm_1x32c2__avx512", "f32_gemm_4x32c2__avx512", "f32_gemm_6x32c2__avx512"}
+    assert names("bfloat16", (16, 1), "avx2", int8) == {
+        "f32_gemm_1x16c1__avx2", "f32_gemm_4x16c1__avx2", "f32_gemm_6x16c1__avx2",
+        "f32w_gemm_6x16c1__avx2"}
