@@ -3,6 +3,7 @@
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -41,6 +42,15 @@ def _no_runtime_peers_under_asan(monkeypatch):
     if asan_loaded():
         monkeypatch.setattr(runtimes_module(), "available",
                             lambda: {"openvino": None, "onnxruntime": None})
+
+
+def int4_flushes(dtype) -> bool:
+    """Whether an int4 kernel this process may run for ``dtype`` flushes
+    subnormals (``bf16_qb4w``), so that the int4 bound needs its ``daz``
+    term (tests/reference.py)."""
+    name = np.dtype(dtype).name
+    return any(k.available and k.flushes_subnormals and name in k.dtypes
+               and k.weight_format == qkern.dispatch.INT4 for k in qkern.kernels())
 
 
 def kernel_params(weight_format: str = "int8_per_channel"):

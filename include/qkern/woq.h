@@ -168,14 +168,14 @@ typedef enum qk_woq_format {
  *   (columns 0..15) and a shift (columns 16..31).
  *
  * Order of the sums (bit for bit; every int4 kernel of one compute, named
- * by its prefix): per group g, p = sum x[k] * q[k] from 0, in increasing
- * k, and xs = sum x[k] (fp32 adds from 0, computed by the driver,
- * qk_woq_group_sums); then, g by g, acc = fma(p, s, acc), acc = fma(xs,
- * z', acc) from acc = 0, where z' = fma(-8, s, z) (f32, one rounding);
- * y = acc + bias.  p is
+ * by its prefix): per group g, p = sum x[k] * q[k] from 0 (the steps
+ * below, in increasing k), and xs = sum x[k] (fp32 adds from 0 in
+ * increasing k, computed by the driver, qk_woq_group_sums); then, g by g,
+ * acc = fma(p, s, acc), acc = fma(xs, z', acc) from acc = 0, where
+ * z' = fma(-8, s, z) (f32, one rounding); y = acc + bias.  p is
  *   f32_qb4w   an fp32 FMA chain, one k per step;
- *   bf16_qb4w  (bf16 x) a vdpbf16ps chain, one pair k, k + 1 per step:
- *              p += x[k+1] q[k+1], then p += x[k] q[k], each product
+ *   bf16_qb4w  (bf16 x) a vdpbf16ps chain, one pair k, k + 1 (k even) per
+ *              step: p += x[k+1] q[k+1], then p += x[k] q[k], each product
  *              exact, each add rounded to nearest even with bf16 inputs
  *              and fp32 results that are subnormal taken as zero.
  */

@@ -58,6 +58,28 @@ QK_INLINE void narrow_x32(const size_t MR, const float* const* ar, size_t k, uin
                                          _mm512_castps_si512(_mm512_loadu_ps(ar[i] + k + 16))));
 }
 
+/* One pair k, k + 1 (the j-th of the current 32 k) of GS groups: per
+ * group s, the rows at wk + s * group_size * 16 + p * panel_bytes (p < P)
+ * widened and multiplied into the partial sums ps[.][2P s ..] of MR
+ * rows. */
+QK_INLINE void qb4w_pair_step(const size_t MR, const size_t P, const size_t GS, const uint8_t* wk,
+                              size_t panel_bytes, size_t group_size, const uint32_t xb[4][8][16],
+                              size_t j, __m512i pairs, __m512i table, __m512 ps[8][8]) {
+#pragma GCC unroll 4
+  for (size_t s = 0; s < GS; s++)
+#pragma GCC unroll 4
+    for (size_t p = 0; p < P; p++) {
+      __m512bh q0, q1;
+      widen_pair(wk + s * group_size * 16 + p * panel_bytes, pairs, table, &q0, &q1);
+#pragma GCC unroll 8
+      for (size_t i = 0; i < MR; i++) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[s][i][j]);
+        ps[i][2 * P * s + 2 * p] = _mm512_dpbf16_ps(ps[i][2 * P * s + 2 * p], q0, xv);
+        ps[i][2 * P * s + 2 * p + 1] = _mm512_dpbf16_ps(ps[i][2 * P * s + 2 * p + 1], q1, xv);
+      }
+    }
+}
+
 /* Groups g .. g + GS - 1 of P consecutive panels from panel p0 (w0 at its
  * first k-row) for MR rows, the products of the groups side by side, each
  * applied to acc in turn (see the top); called by qb4w-rows-avx512.h. */
@@ -77,27 +99,15 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
   for (size_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += 32) {
     for (size_t s = 0; s < GS; s++) narrow_x32(MR, ar, k0 + s * group_size, xb[s]);
     const uint8_t* wk = w0 + k0 * 16;
-    for (size_t j = 0; j < 16; j++, wk += 32) { /* the pair (k0 + 2j, k0 + 2j + 1) */
-      if (j % 2 == 0) /* one 64-byte line of each panel and group per two pairs */
-        for (size_t s = 0; s < GS; s++)
-          for (size_t p = 0; p < P; p++)
-            _mm_prefetch(
-                (const char*)wk + s * group_size * 16 + p * panel_bytes + QK_PREFETCH_BYTES,
-                _MM_HINT_T0);
+    for (size_t j = 0; j < 16; j += 2, wk += 64) { /* one 64-byte line of each panel and group */
 #pragma GCC unroll 4
       for (size_t s = 0; s < GS; s++)
 #pragma GCC unroll 4
-        for (size_t p = 0; p < P; p++) {
-          __m512bh q0, q1;
-          widen_pair(wk + s * group_size * 16 + p * panel_bytes, pairs, table, &q0, &q1);
-#pragma GCC unroll 8
-          for (size_t i = 0; i < MR; i++) {
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[s][i][j]);
-            __m512* pv = &ps[i][2 * P * s + 2 * p];
-            pv[0] = _mm512_dpbf16_ps(pv[0], q0, xv);
-            pv[1] = _mm512_dpbf16_ps(pv[1], q1, xv);
-          }
-        }
+        for (size_t p = 0; p < P; p++)
+          _mm_prefetch((const char*)wk + s * group_size * 16 + p * panel_bytes + QK_PREFETCH_BYTES,
+                       _MM_HINT_T0);
+      qb4w_pair_step(MR, P, GS, wk, panel_bytes, group_size, xb, j, pairs, table, ps);
+      qb4w_pair_step(MR, P, GS, wk + 32, panel_bytes, group_size, xb, j + 1, pairs, table, ps);
     }
   }
   qk512_qb4w_apply_groups(MR, P, GS, DT, g, p0, nc, kc, ar, sz, sz_stride, ps, acc);

@@ -14,6 +14,7 @@ import pytest
 
 import emulated_kernels as emu
 import qkern
+from qkern import _woq
 from qkern._dtypes import bfloat16, dtype_code
 from qkern.dispatch import INT4
 from reference import assert_int4_close
@@ -55,44 +56,86 @@ def test_every_kernel_of_the_emulated_isa_is_emulated():
         assert (emu.ROOT / source).is_file(), (kern.name, source)
 
 
+def _int4_cases(rng, dtype, rows):
+    """Problems for ``rows`` rows of x: nine groups of 32 (four side by
+    side, two, one) and two of 64, one to seven panels; x spread over
+    2**-8 .. 2**8 (so that sums of bf16 products round, and a change of
+    order shows in the bits) or near fp32's smallest normal (so that
+    products and sums cross the subnormal range, where vdpbf16ps flushes).
+    Yields (group_size, nc, q, packed panels, scales_and_zeros, padded
+    bias, x in f32)."""
+    for scale in ("spread", "tiny"):
+        for group_size, groups in ((32, 9), (64, 2)):
+            kc = group_size * groups
+            for nc in ((1, 16, 17, 32, 45, 64, 96, 100, 129, 160, 200) if scale == "spread"
+                       else (17, 100)):
+                q = rng.integers(0, 16, (nc, kc), dtype=np.uint8)
+                sz = rng.standard_normal((groups, nc, 2)).astype(dtype)
+                bias = qkern.woq._padded_f32(rng.standard_normal(nc).astype(np.float32), 32)
+                x = rng.standard_normal((rows, kc)) * (
+                    2.0 ** rng.integers(-8, 9, (rows, kc)) if scale == "spread" else 2.0**-125)
+                yield (group_size, nc, q, qkern.pack_int4(q).reshape(-1), sz, bias,
+                       x.astype(dtype).astype(np.float32))
+
+
+def _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x):
+    """The reference's results for every row of x with bias (key False) and
+    without (True), checked within the bound."""
+    x_rows = _x_with_group_sums(x, group_size)
+    want = {}
+    for b in (bias, None):
+        want[b is None] = np.empty((len(x), nc), dtype)
+        for r in range(len(x)):  # the references take one row at a time
+            _run(reference, [r], nc, x.shape[1], group_size, x_rows, dtype, panels, sz, b,
+                 want[b is None][r:r + 1])
+    assert_int4_close(want[True], x.astype(dtype), q, sz, group_size,
+                      daz=kern.flushes_subnormals)
+    return want
+
+
 @pytest.mark.parametrize("kern", EMULATED, ids=lambda k: k.name)
 def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
     name, mr_max = emu.source_and_symbol(kern.name)[1], kern.mr
     kernel, reference = getattr(library, name), getattr(library, emu.int4_reference(kern.name))
     rng = np.random.default_rng(11)
     for dtype in (d for d in DTYPES if np.dtype(d).name in kern.dtypes):
-        for group_size, groups in ((32, 9), (64, 2)):  # 9: four side by side, two, one
-            kc = group_size * groups
-            for nc in (1, 16, 17, 32, 45, 64, 96, 100, 129, 160, 200):  # 1 to 7 panels
-                q = rng.integers(0, 16, (nc, kc), dtype=np.uint8)
-                panels = qkern.pack_int4(q).reshape(-1)
-                sz = rng.standard_normal((groups, nc, 2)).astype(dtype)
-                bias = qkern.woq._padded_f32(rng.standard_normal(nc).astype(np.float32), 32)
-                # magnitudes 2**-8 .. 2**8 apart: sums of bf16 products round
-                x = rng.standard_normal((mr_max, kc)) * 2.0 ** rng.integers(-8, 9, (mr_max, kc))
-                x = x.astype(dtype).astype(np.float32)
-                x_rows = _x_with_group_sums(x, group_size)
-                bits = np.uint32 if dtype == np.float32 else np.uint16
-                want = {}
+        bits = np.uint32 if dtype == np.float32 else np.uint16
+        for group_size, nc, q, panels, sz, bias, x in _int4_cases(rng, dtype, mr_max):
+            want = _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x)
+            x_rows = _x_with_group_sums(x, group_size)
+            for mr in range(1, mr_max + 1):
                 for b in (bias, None):
-                    want[b is None] = np.empty((mr_max, nc), dtype)
-                    for r in range(mr_max):  # the references take one row at a time
-                        _run(reference, [r], nc, kc, group_size, x_rows, dtype, panels, sz, b,
-                             want[b is None][r:r + 1])
-                # the bits wanted are within the bound (the references' own check)
-                assert_int4_close(want[True], x.astype(dtype), q, sz, group_size,
-                                  daz=kern.flushes_subnormals)
-                for mr in range(1, mr_max + 1):
-                    for b in (bias, None):
-                        big = np.full((mr + 2, nc + 11), np.nan, dtype)
-                        c = big[1:1 + mr, 3:3 + nc]
-                        _run(kernel, range(mr), nc, kc, group_size, x_rows, dtype, panels, sz,
-                             b, c)
-                        outside = big.astype(np.float64)
-                        outside[1:1 + mr, 3:3 + nc] = np.nan
-                        assert np.isnan(outside).all(), f"{name} wrote outside its output"
-                        assert np.array_equal(c.view(bits), want[b is None][:mr].view(bits)), (
-                            np.dtype(dtype).name, group_size, nc, mr, b is not None)
+                    big = np.full((mr + 2, nc + 11), np.nan, dtype)
+                    c = big[1:1 + mr, 3:3 + nc]
+                    _run(kernel, range(mr), nc, x.shape[1], group_size, x_rows, dtype, panels,
+                         sz, b, c)
+                    outside = big.astype(np.float64)
+                    outside[1:1 + mr, 3:3 + nc] = np.nan
+                    assert np.isnan(outside).all(), f"{name} wrote outside its output"
+                    assert np.array_equal(c.view(bits), want[b is None][:mr].view(bits)), (
+                        np.dtype(dtype).name, group_size, nc, mr, b is not None)
+
+
+def test_native_vdpbf16ps_kernels_give_the_model_bits(library):
+    """Where this process runs the bf16_qb4w kernels, the CPU's vdpbf16ps
+    must sum as include/qkern/woq.h says (the Intel SDM's order, modelled in
+    tests/emulation/bf16-qb4w-model.c): each kernel, called alone on every
+    mr, gives the model's bits."""
+    native = [k for k in EMULATED if emu.int4_reference(k.name) == emu.INT4_REFERENCES[
+        "bf16_qb4w"] and k.available]
+    if not native:
+        pytest.skip("no bf16_qb4w kernel runs here (the CPU or QKERN_ISA caps it)")
+    model = getattr(library, emu.INT4_REFERENCES["bf16_qb4w"])
+    rng = np.random.default_rng(13)
+    for kern in native:
+        for group_size, nc, q, panels, sz, bias, x in _int4_cases(rng, bfloat16, kern.mr):
+            want = _reference_bits(model, kern, bfloat16, group_size, nc, q, panels, sz, bias, x)
+            for mr in range(1, kern.mr + 1):
+                c = np.empty((mr, nc), bfloat16)
+                _woq.ukernel_int4(kern.index, mr, nc, x.shape[1], group_size, x[:mr],
+                                  dtype_code(bfloat16), panels, sz, bias, c, c.strides[0])
+                assert np.array_equal(c.view(np.uint16), want[False][:mr].view(np.uint16)), (
+                    kern.name, group_size, nc, mr)
 
 
 def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
