@@ -6,10 +6,15 @@
  * kr = 2, bf16 x only.  Each k-group of 64 int8 is widened in-register to two
  * vectors of 32 bf16 (exact: |w| <= 128 needs 8 significant bits), already in
  * the (column, k pair) order vdpbf16ps wants; the pair (x[k], x[k+1]) is
- * broadcast as one 32-bit lane.  Accumulation in f32 by vdpbf16ps, which
- * treats bf16 subnormals as zero and flushes subnormal results (DAZ/FTZ):
+ * broadcast as one 32-bit lane.  Accumulation in f32 by vdpbf16ps, one chain
+ * per row and column over the k-groups in increasing k, which treats bf16
+ * subnormals as zero and flushes subnormal results (DAZ/FTZ):
  * docs/semantics.rst bounds that error.  Epilogue: scale (multiply), bias
- * (add), one rounding to bf16 (exact RNE, subnormals kept).  Rows mr..MR-1 duplicate row mr-1.
+ * (add), one rounding to bf16 (exact RNE, subnormals kept).  The body is
+ * specialised for each mr in 1..MR, so no vdpbf16ps goes to a missing row;
+ * one row runs four panels at once and two or three rows two, so that eight
+ * or more independent chains hide the latency of vdpbf16ps (every row gets
+ * the same bits whatever the panels or rows beside it).
  */
 #include <string.h>
 
@@ -22,49 +27,76 @@ QK_INLINE void widen_group(const int8_t* wp, __m512bh* b0, __m512bh* b1) {
   *b1 = _mm512_cvtne2ps_pbh(qk512_i8_to_f32(wp + 48), qk512_i8_to_f32(wp + 32));
 }
 
-QK_INLINE void bf16_step(const size_t MR, __m512 acc[][2], const char* const* ar, const int8_t* wp,
-                         size_t k, int both) {
-  __m512bh b0, b1;
-  widen_group(wp, &b0, &b1);
+/* One k-group (k and k + 1, or k alone when !both) of P panels, panel p's
+ * at wp + p * panel_bytes, for MR rows into acc[i][2p], acc[i][2p + 1]. */
+QK_INLINE void bf16_step(const size_t MR, const size_t P, __m512 acc[8][8], const char* const* ar,
+                         const int8_t* wp, size_t panel_bytes, size_t k, int both) {
+  __m512bh xv[8];
   for (size_t i = 0; i < MR; i++) {
     uint32_t pair = 0;
     memcpy(&pair, ar[i] + 2 * k, both ? 4 : 2);
-    const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pair);
-    acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, b0);
-    acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, b1);
+    xv[i] = (__m512bh)_mm512_set1_epi32((int)pair);
+  }
+#pragma GCC unroll 4
+  for (size_t p = 0; p < P; p++) {
+    __m512bh b0, b1;
+    widen_group(wp + p * panel_bytes, &b0, &b1);
+#pragma GCC unroll 8
+    for (size_t i = 0; i < MR; i++) {
+      acc[i][2 * p] = _mm512_dpbf16_ps(acc[i][2 * p], xv[i], b0);
+      acc[i][2 * p + 1] = _mm512_dpbf16_ps(acc[i][2 * p + 1], xv[i], b1);
+    }
   }
 }
 
-QK_INLINE void bf16_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
-                               const void* const* a, const int8_t* w, const float* scale,
-                               const float* bias, void* c, ptrdiff_t c_stride) {
+/* P consecutive panels from panel p0 (w at panel 0) for MR rows. */
+QK_INLINE void bf16_panels(const size_t MR, const size_t P, size_t p0, size_t nc, size_t kc,
+                           const char* const* ar, char* const* cr, const int8_t* w,
+                           const float* scale, const float* bias) {
+  const size_t kpairs = kc / 2, panel_bytes = (kc + 1) / 2 * 2 * 32;
+  __m512 acc[8][8];
+  for (size_t i = 0; i < MR; i++)
+    for (size_t v = 0; v < 2 * P; v++) acc[i][v] = _mm512_setzero_ps();
+  const int8_t* wp = w + p0 * panel_bytes;
+  for (size_t kk = 0; kk < kpairs; kk++, wp += 64) {
+#pragma GCC unroll 4
+    for (size_t p = 0; p < P; p++)
+      _mm_prefetch((const char*)wp + p * panel_bytes + QK_PREFETCH_BYTES, _MM_HINT_T0);
+    bf16_step(MR, P, acc, ar, wp, panel_bytes, 2 * kk, 1);
+  }
+  if (kc & 1) bf16_step(MR, P, acc, ar, wp, panel_bytes, kc - 1, 0);
+  for (size_t v = 0; v < 2 * P; v++) {
+    const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
+    if (col >= nc) break;
+    const __mmask16 mask = qk512_mask(nc - col);
+    const __m512 s = _mm512_loadu_ps(scale + col);
+    const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (size_t i = 0; i < MR; i++)
+      qk512_epilogue(cr[i], col, QK_BF16, acc[i][v], s, b, bias != NULL, mask);
+  }
+}
+
+/* mr = MR rows over all nc columns, P panels at a time, then fewer. */
+QK_INLINE void bf16_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t kc,
+                         const void* const* a, const int8_t* w, const float* scale,
+                         const float* bias, void* c, ptrdiff_t c_stride) {
   (void)DT;
   const char* ar[8];
   char* cr[8];
-  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
-  const size_t kpairs = kc / 2, kp = (kc + 1) / 2 * 2;
-
-  for (size_t n0 = 0; n0 < nc; n0 += 32, w += kp * 32) {
-    __m512 acc[8][2];
-    for (size_t i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    const int8_t* wp = w;
-    for (size_t kk = 0; kk < kpairs; kk++, wp += 64) {
-      _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-      bf16_step(MR, acc, ar, wp, 2 * kk, 1);
-    }
-    if (kc & 1) bf16_step(MR, acc, ar, wp, kc - 1, 0);
-    for (size_t h = 0; h < 2; h++) {
-      const size_t col = n0 + 16 * h;
-      if (col >= nc) break;
-      const __mmask16 mask = qk512_mask(nc - col);
-      const __m512 s = _mm512_loadu_ps(scale + col);
-      const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
-      for (size_t i = 0; i < MR; i++) {
-        qk512_epilogue(cr[i], col, QK_BF16, acc[i][h], s, b, bias != NULL, mask);
-      }
-    }
+  for (size_t i = 0; i < MR; i++) {
+    ar[i] = (const char*)a[i];
+    cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
   }
+  const size_t P = MR == 1 ? 4 : MR <= 3 ? 2 : 1, panels = (nc + 31) / 32;
+  size_t p = 0;
+  for (; p + P <= panels; p += P) bf16_panels(MR, P, p, nc, kc, ar, cr, w, scale, bias);
+  if (P == 4 && p + 2 <= panels) {
+    bf16_panels(MR, 2, p, nc, kc, ar, cr, w, scale, bias);
+    p += 2;
+  }
+  if (p < panels) bf16_panels(MR, 1, p, nc, kc, ar, cr, w, scale, bias);
 }
 
-QK_DEFINE_UKERNEL_BF16(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16, bf16_gemm_x32c2, 1)
-QK_DEFINE_UKERNEL_BF16(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16, bf16_gemm_x32c2, 8)
+QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16, bf16_rows, 1)
+QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16, bf16_rows, 8)

@@ -45,6 +45,29 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
     }                                                          \
   }
 
+/* switch (mr) calling ROWS(R, DT, ...) with R = mr, a compile-time
+ * constant, for each mr in 1..MR (MR <= 8; mr beyond MR runs MR rows), so
+ * that a body specialised for each row count spends nothing on a missing
+ * row; ... are ROWS's arguments after DT. */
+#define QK_ROWS_CASE(ROWS, R, MR, DT, ...) \
+  case R:                                  \
+    if (R < MR) {                          \
+      ROWS(R, DT, __VA_ARGS__);            \
+      break;                               \
+    }                                      \
+    __attribute__((fallthrough));
+#define QK_ROWS_SWITCH(ROWS, MR, DT, ...)      \
+  switch (mr) {                                \
+    QK_ROWS_CASE(ROWS, 1, MR, DT, __VA_ARGS__) \
+    QK_ROWS_CASE(ROWS, 2, MR, DT, __VA_ARGS__) \
+    QK_ROWS_CASE(ROWS, 3, MR, DT, __VA_ARGS__) \
+    QK_ROWS_CASE(ROWS, 4, MR, DT, __VA_ARGS__) \
+    QK_ROWS_CASE(ROWS, 5, MR, DT, __VA_ARGS__) \
+    QK_ROWS_CASE(ROWS, 6, MR, DT, __VA_ARGS__) \
+    QK_ROWS_CASE(ROWS, 7, MR, DT, __VA_ARGS__) \
+    default: ROWS(MR, DT, __VA_ARGS__);        \
+  }
+
 /* A 4-row kernel for all x dtypes whose body
  * ROWS(R, DT, nc, kc, a, w, scale, bias, c, c_stride) is specialised for
  * each mr = R in 1..4: a memory-bound kernel spends no FMAs on duplicated
@@ -54,44 +77,24 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
                              const void* const* a, const int8_t* w, const float* scale,           \
                              const float* bias, void* c, ptrdiff_t c_stride) {                    \
     (void)MR;                                                                                     \
-    switch (mr) {                                                                                 \
-      case 1: ROWS(1, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                         \
-      case 2: ROWS(2, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                         \
-      case 3: ROWS(3, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                         \
-      default: ROWS(4, DT, nc, kc, a, w, scale, bias, c, c_stride); break;                        \
-    }                                                                                             \
+    QK_ROWS_SWITCH(ROWS, 4, DT, nc, kc, a, w, scale, bias, c, c_stride)                           \
   }                                                                                               \
   QK_DEFINE_UKERNEL_ALL_DTYPES(NAME, NAME##_rows, 4)
 
-/* A kernel for bf16 x only (the registry never hands it another dtype). */
-#define QK_DEFINE_UKERNEL_BF16(NAME, BODY, MR) \
-  void NAME(QK_UKERNEL_PARAMS) {               \
-    (void)dt;                                  \
-    BODY(MR, QK_BF16, QK_UKERNEL_ARGS);        \
+/* A kernel for bf16 x only (the registry never hands it another dtype)
+ * whose body ROWS(R, DT, nc, kc, a, w, scale, bias, c, c_stride) is
+ * specialised for each mr = R in 1..MR (MR <= 8). */
+#define QK_DEFINE_UKERNEL_ROWS_BF16(NAME, ROWS, MR)                           \
+  void NAME(QK_UKERNEL_PARAMS) {                                              \
+    (void)dt;                                                                 \
+    QK_ROWS_SWITCH(ROWS, MR, QK_BF16, nc, kc, a, w, scale, bias, c, c_stride) \
   }
 
 /* An int4 kernel (qk_woq_int4_ukernel_fn) for all x dtypes whose body
  * ROWS(R, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride)
- * is specialised for each mr = R in 1..MR (MR <= 8): no FMA is spent on a
- * missing row. */
-#define QK_INT4_ROWS_CASE(ROWS, R, MR, DT)                                     \
-  case R:                                                                      \
-    if (R < MR) {                                                              \
-      ROWS(R, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); \
-      break;                                                                   \
-    }                                                                          \
-    __attribute__((fallthrough));
-#define QK_INT4_ROWS_SWITCH(ROWS, MR, DT)                                              \
-  switch (mr) {                                                                        \
-    QK_INT4_ROWS_CASE(ROWS, 1, MR, DT)                                                 \
-    QK_INT4_ROWS_CASE(ROWS, 2, MR, DT)                                                 \
-    QK_INT4_ROWS_CASE(ROWS, 3, MR, DT)                                                 \
-    QK_INT4_ROWS_CASE(ROWS, 4, MR, DT)                                                 \
-    QK_INT4_ROWS_CASE(ROWS, 5, MR, DT)                                                 \
-    QK_INT4_ROWS_CASE(ROWS, 6, MR, DT)                                                 \
-    QK_INT4_ROWS_CASE(ROWS, 7, MR, DT)                                                 \
-    default: ROWS(MR, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride); \
-  }
+ * is specialised for each mr = R in 1..MR (MR <= 8). */
+#define QK_INT4_ROWS_SWITCH(ROWS, MR, DT) \
+  QK_ROWS_SWITCH(ROWS, MR, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride)
 #define QK_DEFINE_INT4_UKERNEL(NAME, ROWS, MR)                                                  \
   void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
             qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
