@@ -21,30 +21,19 @@
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 
-/* 16 int8 / uint8 -> 16 int32, sign- / zero-extended. */
-static inline simde__m512i qk_emu_cvtepi8_epi32(simde__m128i a) {
-  int8_t in[16];
-  int32_t out[16];
-  memcpy(in, &a, 16);
-  for (int i = 0; i < 16; i++) out[i] = in[i];
-  return simde_mm512_loadu_si512(out);
-}
-static inline simde__m512i qk_emu_cvtepu8_epi32(simde__m128i a) {
-  uint8_t in[16];
-  int32_t out[16];
-  memcpy(in, &a, 16);
-  for (int i = 0; i < 16; i++) out[i] = in[i];
-  return simde_mm512_loadu_si512(out);
-}
-
-/* 32 uint8 -> 32 int16, zero-extended (vpmovzxbw). */
-static inline simde__m512i qk_emu_cvtepu8_epi16(simde__m256i a) {
-  uint8_t in[32];
-  int16_t out[32];
-  memcpy(in, &a, 32);
-  for (int i = 0; i < 32; i++) out[i] = in[i];
-  return simde_mm512_loadu_si512(out);
-}
+/* LANES integers of type IN -> LANES of type OUT in a 512-bit vector,
+ * sign- or zero-extended as IN is signed or not (vpmovsx / vpmovzx). */
+#define QK_EMU_EXTEND(NAME, VEC_IN, IN, OUT, LANES) \
+  static inline simde__m512i NAME(VEC_IN a) {       \
+    IN in[LANES];                                   \
+    OUT out[LANES];                                 \
+    memcpy(in, &a, sizeof(in));                     \
+    for (int i = 0; i < LANES; i++) out[i] = in[i]; \
+    return simde_mm512_loadu_si512(out);            \
+  }
+QK_EMU_EXTEND(qk_emu_cvtepi8_epi32, simde__m128i, int8_t, int32_t, 16)
+QK_EMU_EXTEND(qk_emu_cvtepu8_epi32, simde__m128i, uint8_t, int32_t, 16)
+QK_EMU_EXTEND(qk_emu_cvtepu8_epi16, simde__m256i, uint8_t, int16_t, 32)
 
 /* 16 int32 -> 16 int16, truncated (vpmovdw). */
 static inline simde__m256i qk_emu_cvtepi32_epi16(simde__m512i a) {

@@ -78,10 +78,10 @@ def _int4_cases(rng, dtype, rows):
                        x.astype(dtype).astype(np.float32))
 
 
-def _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x):
-    """The reference's results for every row of x with bias (key False) and
-    without (True), checked within the bound."""
-    x_rows = _x_with_group_sums(x, group_size)
+def _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x, x_rows):
+    """The reference's results for every row of x (x_rows: with its group
+    sums) with bias (key False) and without (True), checked within the
+    bound."""
     want = {}
     for b in (bias, None):
         want[b is None] = np.empty((len(x), nc), dtype)
@@ -101,8 +101,9 @@ def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
     for dtype in (d for d in DTYPES if np.dtype(d).name in kern.dtypes):
         bits = np.uint32 if dtype == np.float32 else np.uint16
         for group_size, nc, q, panels, sz, bias, x in _int4_cases(rng, dtype, mr_max):
-            want = _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x)
             x_rows = _x_with_group_sums(x, group_size)
+            want = _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x,
+                                   x_rows)
             for mr in range(1, mr_max + 1):
                 for b in (bias, None):
                     big = np.full((mr + 2, nc + 11), np.nan, dtype)
@@ -129,7 +130,8 @@ def test_native_vdpbf16ps_kernels_give_the_model_bits(library):
     rng = np.random.default_rng(13)
     for kern in native:
         for group_size, nc, q, panels, sz, bias, x in _int4_cases(rng, bfloat16, kern.mr):
-            want = _reference_bits(model, kern, bfloat16, group_size, nc, q, panels, sz, bias, x)
+            want = _reference_bits(model, kern, bfloat16, group_size, nc, q, panels, sz, bias, x,
+                                   _x_with_group_sums(x, group_size))
             for mr in range(1, kern.mr + 1):
                 c = np.empty((mr, nc), bfloat16)
                 _woq.ukernel_int4(kern.index, mr, nc, x.shape[1], group_size, x[:mr],

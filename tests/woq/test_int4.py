@@ -158,8 +158,9 @@ def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
     x, q, sz, b = _problem(rng, 37, 3 * 32 + 5, 256, 64, dtype)
     wants = {}
     for kern in kernels:
-        want = wants.setdefault(_compute(kern),
-                                _run_kernel(kern, x, q, sz, 64, b).view(np.uint8))
+        if _compute(kern) not in wants:
+            wants[_compute(kern)] = _run_kernel(kern, x, q, sz, 64, b).view(np.uint8)
+        want = wants[_compute(kern)]
         for threads in (1, 2, 3):
             got = _run_kernel(kern, x, q, sz, 64, b, num_threads=threads).view(np.uint8)
             assert np.array_equal(got, want), (kern.name, threads)
