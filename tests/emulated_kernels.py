@@ -1,13 +1,15 @@
-"""AVX-512 micro-kernels built to run on an AVX2 CPU, for the testers.
+"""AVX-512 and AMX micro-kernels built to run on an AVX2 CPU, for the testers.
 
-Each single-call kernel of the registry's levels ``avx512`` and
-``avx512_bf16`` is compiled from its source with AVX2 flags over SIMDe's
-implementations of the intrinsics (tests/emulation/avx512_on_avx2.h, which
-gives ``vdpbf16ps`` the order and flushes the Intel SDM defines), with the
-int4 reference kernels, into one shared library, built once and kept under
-``build/emulated``. Its calls check the kernels' logic (indexing, masks,
-tails, sums) on machines that cannot run them; the instructions themselves
-run only on AVX-512 machines.
+Every source of the registry's levels ``avx512``, ``avx512_bf16`` and
+``amx`` (``src/woq/*-<level>.c``: the kernels, and the packing of x and the
+widening of panels the AMX kernels read) is compiled with AVX2 flags over
+SIMDe's implementations of the intrinsics (tests/emulation/avx512_on_avx2.h,
+which gives ``vdpbf16ps`` the order and flushes the Intel SDM defines) and
+over C tiles (tests/emulation/amx_on_avx2.h, ``tdpbf16ps`` likewise), with
+the int4 reference kernels, into one shared library, built once and kept
+under ``build/emulated``. Its calls check the kernels' logic (indexing,
+masks, tails, tile shapes, sums) on machines that cannot run them; the
+instructions themselves run only on AVX-512 and AMX machines.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ import pytest
 
 import qkern
 from process_support import asan_loaded
+from qkern._dtypes import dtype_code
+from qkern.packing import aligned_empty
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PRELUDE = ROOT / "tests" / "emulation" / "avx512_on_avx2.h"
-EMULATED_ISAS = ("avx512", "avx512_bf16")
+PRELUDES = (ROOT / "tests" / "emulation" / "avx512_on_avx2.h",
+            ROOT / "tests" / "emulation" / "amx_on_avx2.h")
+EMULATED_ISAS = ("avx512", "avx512_bf16", "amx")
+# the packing of x of the kernels on packed x (include/qkern/woq.h)
+PACK_X = "qk_woq_pack_x__avx512"
 # an int4 kernel's bits are those of the reference of its compute (the int8
 # ones are checked against the float64 reference, tests/ukernel_tester.py):
 # f32_qb4w the portable kernel's, bf16_qb4w a scalar model of the order
@@ -48,25 +55,44 @@ _UKERNEL_ARGS = [ctypes.c_size_t] * 3 + [ctypes.c_void_p, ctypes.c_int] + \
 _INT4_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_ssize_t]
+_KBLOCK_ARGS = [ctypes.c_size_t] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                        ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int,
+                                        ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t]
+_PACK_X_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+_WIDEN_ARGS = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
 
 
-def source_and_symbol(name: str) -> tuple:
-    """A kernel's source file and micro-kernel symbol, by the naming rule of
+def symbol(kern) -> str:
+    """The symbol of a kernel's micro-kernel, by the naming rule of
     include/qkern/woq_ukernels.h (``f32_qb4w_gemm_8x32c1__avx512`` is
-    ``qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512`` in
-    ``src/woq/f32-qb4w-gemm-x32c1-avx512.c``)."""
-    f = _NAME.fullmatch(name).groupdict()
-    tile = f"{f['mr']}x{f['nr']}c{f['kr']}__{f['isa']}"
-    source = f"src/woq/{f['compute'].replace('_', '-')}-{f['op']}-x{f['nr']}c{f['kr']}-{f['isa']}.c"
-    return source, f"qk_woq_{f['compute']}_{f['op']}_ukernel_{tile}"
+    ``qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512``; a K-block kernel's
+    is ``..._kblock_...``)."""
+    f = _NAME.fullmatch(kern.name).groupdict()
+    role = "kblock" if kern.kind == "kblock" else "ukernel"
+    return f"qk_woq_{f['compute']}_{f['op']}_{role}_{f['mr']}x{f['nr']}c{f['kr']}__{f['isa']}"
 
 
-def emulated_kernels(weight_format: str) -> list:
-    """The registry's kernels of the emulated levels that have a
-    single-call micro-kernel on weights of ``weight_format``."""
+def widen_symbol(kern) -> str:
+    """The AVX-512 widening of the panels a K-block kernel reads widened
+    (``qk_woq_widen_x32c2__avx512`` for layout (32, 2))."""
+    nr, kr = kern.layout
+    return f"qk_woq_widen_x{nr}c{kr}__avx512"
+
+
+def _sources() -> list:
+    """Every source of the emulated levels, by the file naming rule of
+    DESIGN.md (``src/woq/*-avx512bf16.c`` for ``avx512_bf16``)."""
+    return sorted(str(path.relative_to(ROOT)) for isa in EMULATED_ISAS
+                  for path in (ROOT / "src" / "woq").glob(f"*-{isa.replace('_', '')}.c"))
+
+
+def emulated_kernels(weight_format: str, kblock: bool = False) -> list:
+    """The registry's kernels of the emulated levels on weights of
+    ``weight_format`` that have a single-call micro-kernel, or with
+    ``kblock`` those that run one K block per call over packed x."""
     return [k for k in qkern.kernels()
             if k.isa in EMULATED_ISAS and k.weight_format == weight_format
-            and k.kind != "kblock"]
+            and (k.kind == "kblock") == kblock]
 
 
 def int4_reference(name: str) -> str:
@@ -94,18 +120,19 @@ def library() -> ctypes.CDLL:
 
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     assert cc, "no C compiler (cc or gcc) on PATH"
-    kernels = [k for fmt in (qkern.dispatch.INT8, qkern.dispatch.INT4)
-               for k in emulated_kernels(fmt)]
-    sources = sorted({source_and_symbol(k.name)[0] for k in kernels})
+    kernels = [k for fmt in (qkern.dispatch.INT8, qkern.dispatch.INT4) for kblock in (False, True)
+               for k in emulated_kernels(fmt, kblock)]
+    sources = _sources()
     # under make sanitize, ASan checks the emulated masked loads and stores
     # (lane by lane), which it cannot see in the hardware's
     sanitize = ["-fsanitize=address", "-fno-omit-frame-pointer"] if asan_loaded() else []
     emulated_flags = [*_FLAGS, *sanitize, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
-                      f"-I{simde_py.get_include()}", "-include", str(PRELUDE)]
+                      f"-I{simde_py.get_include()}",
+                      *(arg for prelude in PRELUDES for arg in ("-include", str(prelude)))]
     compiler = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
     digest = hashlib.sha256(repr((compiler.stdout, emulated_flags,
                                   importlib.metadata.version("simde-py"))).encode())
-    headers = [*(ROOT / "src" / "woq").glob("*.h"), *(ROOT / "include").rglob("*.h"), PRELUDE]
+    headers = [*(ROOT / "src").rglob("*.h"), *(ROOT / "include").rglob("*.h"), *PRELUDES]
     for path in sorted([*sources, *REFERENCE_SOURCES,
                         *(str(h.relative_to(ROOT)) for h in headers)]):
         digest.update(path.encode() + (ROOT / path).read_bytes())
@@ -130,18 +157,21 @@ def library() -> ctypes.CDLL:
             shutil.rmtree(work, ignore_errors=True)
     handle = ctypes.CDLL(str(lib))
     for k in kernels:
-        symbol = source_and_symbol(k.name)[1]
-        getattr(handle, symbol).argtypes = (
+        getattr(handle, symbol(k)).argtypes = (
+            _KBLOCK_ARGS if k.kind == "kblock" else
             _INT4_ARGS if k.weight_format == qkern.dispatch.INT4 else _UKERNEL_ARGS)
-    for symbol in INT4_REFERENCES.values():
-        getattr(handle, symbol).argtypes = _INT4_ARGS
+        if k.widened and k.kind == "kblock":
+            getattr(handle, widen_symbol(k)).argtypes = _WIDEN_ARGS
+    getattr(handle, PACK_X).argtypes = _PACK_X_ARGS
+    for reference in INT4_REFERENCES.values():
+        getattr(handle, reference).argtypes = _INT4_ARGS
     return handle
 
 
 def ukernel_call(kern):
     """A function calling the emulated int8 micro-kernel of ``kern`` as
     ``qkern._woq.ukernel(kern.index, ...)`` does, its index left out."""
-    fn = getattr(library(), source_and_symbol(kern.name)[1])
+    fn = getattr(library(), symbol(kern))
 
     def call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride):
         rows = (ctypes.c_void_p * mr)(*(x.ctypes.data + i * x.strides[0] for i in range(mr)))
@@ -149,3 +179,39 @@ def ukernel_call(kern):
            bias.ctypes.data if bias is not None else None, c.ctypes.data, c_stride)
 
     return call
+
+
+def kblock_run(kern, x, dtype, panels, nc, scale, bias, c, k_block):
+    """Runs the emulated K-block kernel of ``kern`` as the driver
+    (src/woq/woq_driver.c) runs it on one group of ``len(x) <= 32`` rows:
+    packs x (``dtype``) into bf16 planes, then calls the kernel block of
+    ``k_block`` k by block, in order, on the packed ``panels`` (whole
+    panels of layout (32, 2) holding ``nc`` columns; a kernel that reads
+    widened panels gets each block of each panel widened first) with the
+    f32 sums carried in a 64-byte aligned buffer; ``scale`` and ``bias``
+    (or None) hold whole panels, ``c`` is the (mr, nc) output."""
+    lib, (nr, kr) = library(), kern.layout
+    mr, k = x.shape
+    code, planes = dtype_code(dtype), kern.planes(dtype)
+    chunk = planes * 2048
+    packed_x = aligned_empty(-(-k // 32) * chunk)
+    for i in range(mr):
+        getattr(lib, PACK_X)(x[i].ctypes.data, code, k, packed_x.ctypes.data + 64 * i, chunk)
+    n_panels = -(-nc // nr)
+    panel_bytes = -(-k // kr) * kr * nr
+    acc = aligned_empty(4 * mr * n_panels * nr)
+    fn = getattr(lib, symbol(kern))
+    for k0 in range(0, max(k, 1), k_block):
+        kc = min(k_block, k - k0)
+        w, w_stride = panels.ctypes.data + k0 * nr, panel_bytes
+        if kern.widened:
+            groups = -(-kc // kr)  # k-groups, padded to a tile's 16 (include/qkern/woq.h)
+            w_stride = -(-groups // 16) * 16 * nr * kr * kern.widened_bytes
+            wide = aligned_empty(n_panels * w_stride)
+            for q in range(n_panels):
+                getattr(lib, widen_symbol(kern))(w + q * panel_bytes, 1, kc,
+                                                 wide.ctypes.data + q * w_stride)
+            w = wide.ctypes.data
+        fn(mr, nc, kc, packed_x.ctypes.data + k0 // 32 * chunk, code, w, w_stride,
+           acc.ctypes.data, k0 == 0, k0 + kc >= k, scale.ctypes.data,
+           bias.ctypes.data if bias is not None else None, c.ctypes.data, c.strides[0])

@@ -1,11 +1,15 @@
-"""AVX-512 and AVX-512-BF16 int4 kernels on any AVX2 machine: each,
-compiled over SIMDe (tests/emulated_kernels.py), must give the bits of the
-reference of its compute (include/qkern/woq.h, "Order of the sums") on
-every mr, column count, dtype and group size, into poisoned outputs. This
-checks the kernels' logic (indexing, masks, tails, the order of the sums)
-where the CPU cannot run them; their instructions run natively in
-tests/woq/test_int4.py on those machines. (The int8 kernels of these
-levels run emulated through the sweeps of tests/woq/test_ukernels.py.)"""
+"""AVX-512, AVX-512-BF16 and AMX kernels on any AVX2 machine, compiled
+over SIMDe and C tiles (tests/emulated_kernels.py). Each int4 kernel must
+give the bits of the reference of its compute (include/qkern/woq.h, "Order
+of the sums") on every mr, column count, dtype and group size, into
+poisoned outputs; each AMX K-block kernel, run block by block as the
+driver runs it, must stay within the bound of its result and give the
+same bits whatever the K blocks. This checks the kernels' logic
+(indexing, masks, tails, tile shapes, the order of the sums) where the CPU
+cannot run them; their instructions run natively in tests/woq/test_int4.py
+and tests/woq/test_kernels.py on those machines. (The single-call int8
+kernels of these levels run emulated through the sweeps of
+tests/woq/test_ukernels.py.)"""
 
 import ctypes
 
@@ -17,7 +21,7 @@ import qkern
 from qkern import _woq
 from qkern._dtypes import bfloat16, dtype_code
 from qkern.dispatch import INT4
-from reference import assert_int4_close
+from reference import assert_int4_close, assert_woq_close
 from ukernel_tester import packed_panels
 
 EMULATED = emu.emulated_kernels(INT4)
@@ -46,14 +50,14 @@ def _x_with_group_sums(x, group_size):
     return np.ascontiguousarray(np.concatenate([x, sums], axis=1), dtype=np.float32)
 
 
-def test_every_kernel_of_the_emulated_isa_is_emulated():
-    """The registry has kernels of every emulated level to check, each
-    named by the rule the emulation derives its source and symbol from."""
-    kernels = EMULATED + emu.emulated_kernels(qkern.dispatch.INT8)
-    assert {k.isa for k in EMULATED} == set(emu.EMULATED_ISAS), EMULATED
+def test_every_kernel_of_the_emulated_isa_is_emulated(library):
+    """The registry has kernels of every emulated level to check, and the
+    emulated library holds each one under the symbol its name gives."""
+    kernels = [k for fmt in (INT4, qkern.dispatch.INT8) for kblock in (False, True)
+               for k in emu.emulated_kernels(fmt, kblock)]
+    assert {k.isa for k in kernels} == set(emu.EMULATED_ISAS), kernels
     for kern in kernels:
-        source, _ = emu.source_and_symbol(kern.name)
-        assert (emu.ROOT / source).is_file(), (kern.name, source)
+        assert hasattr(library, emu.symbol(kern)), kern.name
 
 
 def _int4_cases(rng, dtype, rows):
@@ -95,7 +99,7 @@ def _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias,
 
 @pytest.mark.parametrize("kern", EMULATED, ids=lambda k: k.name)
 def test_emulated_int4_kernel_gives_the_reference_bits(library, kern):
-    name, mr_max = emu.source_and_symbol(kern.name)[1], kern.mr
+    name, mr_max = emu.symbol(kern), kern.mr
     kernel, reference = getattr(library, name), getattr(library, emu.int4_reference(kern.name))
     rng = np.random.default_rng(11)
     for dtype in (d for d in DTYPES if np.dtype(d).name in kern.dtypes):
@@ -147,7 +151,7 @@ def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
     time."""
     kernels = [k for k in emu.emulated_kernels(qkern.dispatch.INT8) if k.kind == "panels"]
     families = {(k.isa, k.layout) for k in kernels}
-    assert {isa for isa, _ in families} == set(emu.EMULATED_ISAS), families
+    assert {isa for isa, _ in families} == {"avx512", "avx512_bf16"}, families
     rng = np.random.default_rng(17)
     m, n, k = 13, 70, 37
     for isa, layout in families:
@@ -173,3 +177,39 @@ def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
                 outs.append(y.view(np.uint8))
             for kern, y in zip(group[1:], outs[1:]):
                 assert np.array_equal(y, outs[0]), (kern.name, group[0].name, dtype)
+
+
+KBLOCK = emu.emulated_kernels(qkern.dispatch.INT8, kblock=True)
+
+
+@pytest.mark.parametrize("kern", KBLOCK, ids=lambda k: k.name)
+def test_emulated_amx_kernel_is_within_the_bound_whatever_the_k_blocks(library, kern):
+    """Each AMX kernel on one group of 1 to 32 rows (one or both halves of
+    its A and C tiles), one to three panels (whole and partial), K below,
+    at and past one 32-k chunk and over several sub-blocks of chunks: the
+    result of its calls block by block is within the bound of
+    tests/reference.py (x in bf16 planes, subnormals flushed), only rows
+    < mr and columns < nc are written, and K blocks of 32, 64 or all of K
+    give the same bits (each output one sum over K in a fixed order)."""
+    rng = np.random.default_rng(19)
+    for dtype in DTYPES:
+        bits = np.uint32 if dtype == np.float32 else np.uint16
+        for mr, nc, k in ((1, 1, 1), (5, 45, 31), (16, 32, 33), (17, 70, 100), (32, 96, 64),
+                          (32, 17, 16 * 32 + 7)):
+            x = (rng.standard_normal((mr, k)) * 4).astype(dtype)
+            w = rng.integers(-128, 128, (nc, k), dtype=np.int8)
+            panels = packed_panels(w, 32, 2)
+            scale = qkern.woq._padded_f32(rng.uniform(1e-3, 2e-2, nc).astype(np.float32), 32)
+            bias = qkern.woq._padded_f32(rng.standard_normal(nc).astype(np.float32), 32)
+            results = []
+            for k_block in (32, 64, max(k, 32)):
+                big = np.full((mr + 2, nc + 11), np.nan, dtype)
+                c = big[1:1 + mr, 3:3 + nc]
+                emu.kblock_run(kern, x, dtype, panels, nc, scale, bias, c, k_block)
+                outside = big.astype(np.float64)
+                outside[1:1 + mr, 3:3 + nc] = np.nan
+                assert np.isnan(outside).all(), f"{kern.name} wrote outside its output"
+                results.append(c.view(bits).copy())
+            assert_woq_close(c, x, w, scale[:nc], bias[:nc], daz=True, planes=kern.planes(dtype))
+            for k_block, y in zip((64, k), results[1:]):
+                assert np.array_equal(y, results[0]), (np.dtype(dtype).name, mr, nc, k, k_block)
