@@ -36,31 +36,9 @@
  */
 #include <string.h>
 
-#include "../amx/tilecfg-amx.h"
 #include "io-avx512.h"
+#include "tiles-amx.h"
 #include "ukernel-define.h"
-
-/* C tiles: rows 0..15 / 16..31 x columns 0..15 / 16..31 of the panel. */
-#define TILE_C00 0
-#define TILE_C01 1
-#define TILE_C10 2
-#define TILE_C11 3
-#define TILE_A0 4 /* rows 0..15 */
-#define TILE_A1 5 /* rows 16..31 */
-#define TILE_B0 6 /* columns 0..15 */
-#define TILE_B1 7 /* columns 16..31 */
-
-/* A and C tiles of the first half hold min(mr, 16) rows, of the second
- * mr - 16 (1 when unused); every tile row is 64 bytes. */
-QK_INLINE void load_tile_config(size_t mr) {
-  uint8_t rows[8];
-  const uint8_t rows0 = (uint8_t)(mr < 16 ? mr : 16);
-  const uint8_t rows1 = (uint8_t)(mr > 16 ? mr - 16 : 1);
-  rows[TILE_C00] = rows[TILE_C01] = rows[TILE_A0] = rows0;
-  rows[TILE_C10] = rows[TILE_C11] = rows[TILE_A1] = rows1;
-  rows[TILE_B0] = rows[TILE_B1] = 16;
-  qk_tile_config_load(rows);
-}
 
 /* `groups` (<= 16) k-groups of 64 int8 -> rows of the two B tiles. */
 QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]) {
@@ -95,7 +73,7 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
   const size_t groups = (kc + 1) / 2, chunks = (groups + 15) / 16;
   const size_t panels = (nc + 31) / 32, ld = 32 * panels; /* acc: rows ld floats apart */
 
-  load_tile_config(mr);
+  qk_tile_config_32x32(mr);
   /* Sub-blocks in order, each over every panel; with kc = 0 one empty
    * sub-block stores the zeroed tiles. */
   for (size_t c0 = 0; c0 == 0 || c0 < chunks; c0 += sub) {
@@ -104,48 +82,37 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
       const int8_t* wp = w + pn * w_panel_stride;
       float* cp = acc + 32 * pn;
       if (first && c0 == 0) {
-        _tile_zero(TILE_C00);
-        _tile_zero(TILE_C01);
-        _tile_zero(TILE_C10);
-        _tile_zero(TILE_C11);
+        _tile_zero(QK_TILE_C00);
+        _tile_zero(QK_TILE_C01);
+        _tile_zero(QK_TILE_C10);
+        _tile_zero(QK_TILE_C11);
       } else {
-        _tile_loadd(TILE_C00, cp, 4 * ld);
-        _tile_loadd(TILE_C01, cp + 16, 4 * ld);
+        _tile_loadd(QK_TILE_C00, cp, 4 * ld);
+        _tile_loadd(QK_TILE_C01, cp + 16, 4 * ld);
         if (two) {
-          _tile_loadd(TILE_C10, cp + 16 * ld, 4 * ld);
-          _tile_loadd(TILE_C11, cp + 16 * ld + 16, 4 * ld);
+          _tile_loadd(QK_TILE_C10, cp + 16 * ld, 4 * ld);
+          _tile_loadd(QK_TILE_C11, cp + 16 * ld + 16, 4 * ld);
         }
       }
       for (size_t ch = c0; ch < c_end; ch++) {
         if (PREWIDENED) {
           QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
-          _tile_loadd(TILE_B0, wp + 2048 * ch, 128);
-          _tile_loadd(TILE_B1, wp + 2048 * ch + 64, 128);
+          _tile_loadd(QK_TILE_B0, wp + 2048 * ch, 128);
+          _tile_loadd(QK_TILE_B1, wp + 2048 * ch + 64, 128);
         } else {
           widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, bbuf);
           QK_MEMORY_BARRIER();
-          _tile_loadd(TILE_B0, bbuf[0], 64);
-          _tile_loadd(TILE_B1, bbuf[1], 64);
+          _tile_loadd(QK_TILE_B0, bbuf[0], 64);
+          _tile_loadd(QK_TILE_B1, bbuf[1], 64);
         }
-        for (size_t p = 0; p < planes; p++) {
-          const char* ap = at + (ch * planes + p) * 2048;
-          QK_ASAN_CHECK(ap, (two ? 1024 + 64 * (mr - 16) : 64 * mr), 0);
-          _tile_loadd(TILE_A0, ap, 64);
-          _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
-          _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
-          if (two) {
-            _tile_loadd(TILE_A1, ap + 1024, 64);
-            _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
-            _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-          }
-        }
+        qk_tile_dpbf16ps_chunk(at + ch * planes * 2048, planes, mr);
       }
       QK_ASAN_CHECK(cp, 4 * (ld * (mr - 1) + 32), 1);
-      _tile_stored(TILE_C00, cp, 4 * ld);
-      _tile_stored(TILE_C01, cp + 16, 4 * ld);
+      _tile_stored(QK_TILE_C00, cp, 4 * ld);
+      _tile_stored(QK_TILE_C01, cp + 16, 4 * ld);
       if (two) {
-        _tile_stored(TILE_C10, cp + 16 * ld, 4 * ld);
-        _tile_stored(TILE_C11, cp + 16 * ld + 16, 4 * ld);
+        _tile_stored(QK_TILE_C10, cp + 16 * ld, 4 * ld);
+        _tile_stored(QK_TILE_C11, cp + 16 * ld + 16, 4 * ld);
       }
     }
   }

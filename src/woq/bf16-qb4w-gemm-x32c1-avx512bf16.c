@@ -26,27 +26,6 @@
 #include "qb4w-avx512.h"
 #include "qkern/woq_ukernels.h"
 
-/* bf16(q) for q = 0..15 (exact); entries 16..31 are never indexed. */
-static const uint16_t bf16_of_q[32]
-    __attribute__((aligned(64))) = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-                                    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
-
-/* Word indices pairing 16 bytes of row k (words 0..15) with those of row
- * k + 1 (words 16..31), column by column. */
-static const uint16_t pair_rows[32]
-    __attribute__((aligned(64))) = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-
-/* The 32 bytes of rows k and k + 1 at row -> the (q[k], q[k+1]) bf16
- * pairs of columns 0..15 (*q0) and 16..31 (*q1). */
-QK_INLINE void widen_pair(const uint8_t* row, __m512i pairs, __m512i table, __m512bh* q0,
-                          __m512bh* q1) {
-  const __m512i b = _mm512_permutexvar_epi16(
-      pairs, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)row)));
-  *q0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(b, _mm512_set1_epi16(15)), table);
-  *q1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
-}
-
 /* The 32 x values of MR rows from k (f32 holding bf16 values) as 16 bf16
  * pairs per row, xb[i][0..15]. */
 QK_INLINE void narrow_x32(const size_t MR, const float* const* ar, size_t k, uint32_t xb[8][16]) {
@@ -69,8 +48,9 @@ QK_INLINE void qb4w_pair_step(const size_t MR, const size_t P, const size_t GS, 
   for (size_t s = 0; s < GS; s++)
 #pragma GCC unroll 4
     for (size_t p = 0; p < P; p++) {
-      __m512bh q0, q1;
-      widen_pair(wk + s * group_size * 16 + p * panel_bytes, pairs, table, &q0, &q1);
+      __m512i q0i, q1i;
+      qk512_qb4w_widen_pair(wk + s * group_size * 16 + p * panel_bytes, pairs, table, &q0i, &q1i);
+      const __m512bh q0 = (__m512bh)q0i, q1 = (__m512bh)q1i;
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
         const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[s][i][j]);
@@ -88,7 +68,8 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
                            const float* const* ar, const uint8_t* w0, const char* sz,
                            size_t sz_stride, __m512 acc[8][8]) {
   const size_t panel_bytes = kc * 16;
-  const __m512i pairs = _mm512_load_si512(pair_rows), table = _mm512_load_si512(bf16_of_q);
+  const __m512i pairs = _mm512_load_si512(qk512_qb4w_pair_rows);
+  const __m512i table = _mm512_load_si512(qk512_qb4w_bf16_of_q);
   if ((g + GS) * group_size < kc) /* the next groups' scales and zeros, fetched now */
     qk512_qb4w_prefetch_params(P, GS, DT, g + GS, p0, sz, sz_stride);
   __m512 ps[8][8];
