@@ -335,11 +335,14 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
     int4 ``panels``, with ``sz`` (C-contiguous ``(kc / group_size, nc, 2)``,
     dtype code ``dtype``, also ``c``'s) into ``c`` (rows ``c_stride`` bytes
     apart), under the kernels' floating-point environment.  ValueError for
-    a short array, ``mr`` outside 1..MR, ``nc`` = 0 or a group size the
-    kernel does not take; ``c`` is not checked.
+    a short array, ``mr`` outside 1..MR, ``nc`` = 0, a group size the
+    kernel does not take, or a K-block kernel (which has no single call);
+    ``c`` is not checked.
     """
     cdef const qk_woq_kernel* kern = _kernel(index, 1)
     name = kern.name.decode()
+    if kern.int4_fn == NULL:
+        raise ValueError(f"{name}: no single-call micro-kernel (a K-block kernel); use gemm_int4")
     if not 1 <= mr <= min(kern.mr, 32):
         raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr}, got mr = {mr}")
     if nc == 0:

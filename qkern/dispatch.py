@@ -40,6 +40,13 @@ SPLITS = ("m", "n")
 INT8 = "int8_per_channel"
 INT4 = "int4_groupwise"
 
+# The weight formats whose K-block kernels (AMX) the static rule takes only
+# when M needs more than one row block of the kernels of the level below:
+# int4, whose K-block kernel packs x and sums its groups before any
+# product, while one pass of the kernels below (memory-bound at such M, as
+# it is) needs neither.
+KBLOCK_ABOVE_ONE_ROW_BLOCK = (INT4,)
+
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
     "ref": (),
@@ -369,6 +376,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     shared, and a partial last block costs only its rows); otherwise the
     kernel on packed panels with the fewest row-passes' worth of work,
     ``ceil(m / MR) * (MR + PASS_OVERHEAD_ROWS)`` (the narrower on a tie).
+    For the weight formats of ``KBLOCK_ABOVE_ONE_ROW_BLOCK``, a level that
+    has only K-block kernels is passed over while ``m`` fits in one row
+    block of the level below.
     """
     name = dtype_name(dtype)
     usable = [k for k in REGISTRY
@@ -380,7 +390,12 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
              if (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
     if not cands:
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
-    top = max(ISA_LEVELS.index(k.isa) for k in cands)
+    levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
+    top = levels[0]
+    if weight_format in KBLOCK_ABOVE_ONE_ROW_BLOCK and len(levels) > 1 and all(
+            k.kind == "kblock" for k in cands if ISA_LEVELS.index(k.isa) == top):
+        if m <= max(k.mr for k in cands if ISA_LEVELS.index(k.isa) == levels[1]):
+            top = levels[1]
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
     widened = [k for k in cands
                if k.widened and m > k.mr and k.isa in WIDENED_IN_STATIC_RULE]

@@ -44,13 +44,16 @@ def _no_runtime_peers_under_asan(monkeypatch):
                             lambda: {"openvino": None, "onnxruntime": None})
 
 
-def int4_flushes(dtype) -> bool:
-    """Whether an int4 kernel this process may run for ``dtype`` flushes
-    subnormals (``bf16_qb4w``), so that the int4 bound needs its ``daz``
-    term (tests/reference.py)."""
+def int4_bound_traits(dtype) -> dict:
+    """The arguments of the int4 bound (tests/reference.py) that cover
+    every int4 kernel this process may run for ``dtype``: ``daz`` where one
+    flushes subnormals (``bf16_qb4w``, ``tile_qb4w``), ``planes`` the most
+    bf16 planes one splits x into (``tile_qb4w``)."""
     name = np.dtype(dtype).name
-    return any(k.available and k.flushes_subnormals and name in k.dtypes
-               and k.weight_format == qkern.dispatch.INT4 for k in qkern.kernels())
+    kernels = [k for k in qkern.kernels()
+               if k.available and name in k.dtypes and k.weight_format == qkern.dispatch.INT4]
+    return {"daz": any(k.flushes_subnormals for k in kernels),
+            "planes": max(k.planes(dtype) for k in kernels)}
 
 
 def kernel_params(weight_format: str = "int8_per_channel"):

@@ -6,10 +6,13 @@ widening of panels the AMX kernels read) is compiled with AVX2 flags over
 SIMDe's implementations of the intrinsics (tests/emulation/avx512_on_avx2.h,
 which gives ``vdpbf16ps`` the order and flushes the Intel SDM defines) and
 over C tiles (tests/emulation/amx_on_avx2.h, ``tdpbf16ps`` likewise), with
-the int4 reference kernels, into one shared library, built once and kept
-under ``build/emulated``. Its calls check the kernels' logic (indexing,
-masks, tails, tile shapes, sums) on machines that cannot run them; the
-instructions themselves run only on AVX-512 and AMX machines.
+the int4 reference kernels, and with the registry, the driver and the
+kernels below those levels compiled as they are (so that the emulated
+kernels also run through the driver: :func:`gemm`, :func:`gemm_int4`),
+into one shared library, built once and kept under ``build/emulated``. Its
+calls check the kernels' logic (indexing, masks, tails, tile shapes,
+sums) on machines that cannot run them; the instructions themselves run
+only on AVX-512 and AMX machines.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import subprocess
 import sysconfig
 import tempfile
 
+import numpy as np
 import pytest
 
 import qkern
@@ -43,9 +47,17 @@ PACK_X = "qk_woq_pack_x__avx512"
 # ones are checked against the float64 reference, tests/ukernel_tester.py):
 # f32_qb4w the portable kernel's, bf16_qb4w a scalar model of the order
 # include/qkern/woq.h gives it
-REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c", "tests/emulation/bf16-qb4w-model.c")
+# tile_qb4w a scalar model with the signature of its K-block kernels
+REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c", "tests/emulation/bf16-qb4w-model.c",
+                     "tests/emulation/tile-qb4w-model.c")
 INT4_REFERENCES = {"f32_qb4w": "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref",
-                   "bf16_qb4w": "qk_test_bf16_qb4w_model"}
+                   "bf16_qb4w": "qk_test_bf16_qb4w_model",
+                   "tile_qb4w": "qk_test_tile_qb4w_model"}
+# the registry (with every level's entries), the driver and what they
+# reference below the emulated levels, compiled with AVX2 flags
+DRIVER_SOURCES = ("src/woq/woq_driver.c", "src/woq/woq_pack.c", "src/woq/woq_registry.c",
+                  "src/woq/f32-gemm-ref.c", "src/woq/convert-x-ref.c",
+                  "tests/emulation/registry-lookup.c")
 _FLAGS = ["-O2", "-std=gnu11", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off",
           f"-I{ROOT / 'include'}", f"-I{ROOT / 'src' / 'woq'}"]
 _NAME = re.compile(r"(?P<compute>\w+?)_(?P<op>gemm|gemv)_(?P<mr>\d+)x(?P<nr>\d+)c(?P<kr>\d+)"
@@ -58,6 +70,11 @@ _INT4_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_vo
 _KBLOCK_ARGS = [ctypes.c_size_t] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                         ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int,
                                         ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t]
+_INT4_KBLOCK_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                             ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                                             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                             ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                             ctypes.c_void_p, ctypes.c_ssize_t]
 _PACK_X_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
 _WIDEN_ARGS = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
 
@@ -79,10 +96,10 @@ def widen_symbol(kern) -> str:
     return f"qk_woq_widen_x{nr}c{kr}__avx512"
 
 
-def _sources() -> list:
-    """Every source of the emulated levels, by the file naming rule of
+def _sources(levels) -> list:
+    """Every source of ISA ``levels``, by the file naming rule of
     DESIGN.md (``src/woq/*-avx512bf16.c`` for ``avx512_bf16``)."""
-    return sorted(str(path.relative_to(ROOT)) for isa in EMULATED_ISAS
+    return sorted(str(path.relative_to(ROOT)) for isa in levels
                   for path in (ROOT / "src" / "woq").glob(f"*-{isa.replace('_', '')}.c"))
 
 
@@ -122,18 +139,21 @@ def library() -> ctypes.CDLL:
     assert cc, "no C compiler (cc or gcc) on PATH"
     kernels = [k for fmt in (qkern.dispatch.INT8, qkern.dispatch.INT4) for kblock in (False, True)
                for k in emulated_kernels(fmt, kblock)]
-    sources = _sources()
+    sources = _sources(EMULATED_ISAS)
+    native = [*DRIVER_SOURCES, *_sources(("avx2",))]
     # under make sanitize, ASan checks the emulated masked loads and stores
     # (lane by lane), which it cannot see in the hardware's
     sanitize = ["-fsanitize=address", "-fno-omit-frame-pointer"] if asan_loaded() else []
     emulated_flags = [*_FLAGS, *sanitize, "-Og", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
                       f"-I{simde_py.get_include()}",
                       *(arg for prelude in PRELUDES for arg in ("-include", str(prelude)))]
+    native_flags = [*_FLAGS, *sanitize, "-mavx2", "-mfma", "-mf16c", "-fopenmp",
+                    *(f"-DQKERN_HAVE_{isa.upper()}" for isa in ("avx2", *EMULATED_ISAS))]
     compiler = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
-    digest = hashlib.sha256(repr((compiler.stdout, emulated_flags,
+    digest = hashlib.sha256(repr((compiler.stdout, emulated_flags, native_flags,
                                   importlib.metadata.version("simde-py"))).encode())
     headers = [*(ROOT / "src").rglob("*.h"), *(ROOT / "include").rglob("*.h"), *PRELUDES]
-    for path in sorted([*sources, *REFERENCE_SOURCES,
+    for path in sorted([*sources, *REFERENCE_SOURCES, *native,
                         *(str(h.relative_to(ROOT)) for h in headers)]):
         digest.update(path.encode() + (ROOT / path).read_bytes())
     out = ROOT / "build" / "emulated" / digest.hexdigest()[:16]
@@ -143,28 +163,42 @@ def library() -> ctypes.CDLL:
         work = pathlib.Path(tempfile.mkdtemp(prefix="tmp-", dir=out.parent))
         try:
             objects = []
-            for source in [*sources, *REFERENCE_SOURCES]:
+            for source in [*sources, *REFERENCE_SOURCES, *native]:
                 objects.append(work / (pathlib.Path(source).stem + ".o"))
                 # -Og: a fifth of -O2's compile time (SIMDe inlines a lot)
-                flags = emulated_flags if source in sources else [*_FLAGS, *sanitize]
+                flags = (emulated_flags if source in sources else
+                         native_flags if source in native else [*_FLAGS, *sanitize])
                 subprocess.run([cc, *flags, "-c", str(ROOT / source), "-o", str(objects[-1])],
                                check=True)
-            subprocess.run([cc, "-shared", *sanitize, *map(str, objects), "-o",
-                            str(work / lib.name), "-lm"], check=True)
+            # -Bsymbolic: the library's calls stay in it, whatever qkern's
+            # extension (which holds the same driver) exports
+            subprocess.run([cc, "-shared", "-fopenmp", "-Wl,-Bsymbolic", *sanitize,
+                            *map(str, objects), "-o", str(work / lib.name), "-lm"], check=True)
             out.mkdir(parents=True, exist_ok=True)
             os.replace(work / lib.name, lib)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     handle = ctypes.CDLL(str(lib))
+    int4 = qkern.dispatch.INT4
     for k in kernels:
-        getattr(handle, symbol(k)).argtypes = (
-            _KBLOCK_ARGS if k.kind == "kblock" else
-            _INT4_ARGS if k.weight_format == qkern.dispatch.INT4 else _UKERNEL_ARGS)
+        getattr(handle, symbol(k)).argtypes = {
+            ("kblock", False): _KBLOCK_ARGS, ("kblock", True): _INT4_KBLOCK_ARGS,
+            ("panels", True): _INT4_ARGS}.get((k.kind, k.weight_format == int4), _UKERNEL_ARGS)
         if k.widened and k.kind == "kblock":
             getattr(handle, widen_symbol(k)).argtypes = _WIDEN_ARGS
     getattr(handle, PACK_X).argtypes = _PACK_X_ARGS
-    for reference in INT4_REFERENCES.values():
-        getattr(handle, reference).argtypes = _INT4_ARGS
+    handle.qk_test_kernel.argtypes = [ctypes.c_char_p]
+    handle.qk_test_kernel.restype = ctypes.c_void_p
+    common = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]  # x_stride, x_offsets, weight
+    handle.qk_woq_gemm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 3 + [
+        ctypes.c_int, ctypes.c_void_p, *common, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    handle.qk_woq_gemm_int4.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 4 + [
+        ctypes.c_int, ctypes.c_void_p, *common, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    for compute, reference in INT4_REFERENCES.items():
+        getattr(handle, reference).argtypes = (_INT4_KBLOCK_ARGS if compute == "tile_qb4w"
+                                               else _INT4_ARGS)
     return handle
 
 
@@ -181,15 +215,21 @@ def ukernel_call(kern):
     return call
 
 
-def kblock_run(kern, x, dtype, panels, nc, scale, bias, c, k_block):
-    """Runs the emulated K-block kernel of ``kern`` as the driver
-    (src/woq/woq_driver.c) runs it on one group of ``len(x) <= 32`` rows:
-    packs x (``dtype``) into bf16 planes, then calls the kernel block of
-    ``k_block`` k by block, in order, on the packed ``panels`` (whole
-    panels of layout (32, 2) holding ``nc`` columns; a kernel that reads
-    widened panels gets each block of each panel widened first) with the
-    f32 sums carried in a 64-byte aligned buffer; ``scale`` and ``bias``
-    (or None) hold whole panels, ``c`` is the (mr, nc) output."""
+
+def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None, group_size=0,
+               sz=None):
+    """Runs the K-block function ``fn`` (of the emulated library) of
+    ``kern``'s layout as the driver (src/woq/woq_driver.c) runs it on one
+    group of ``len(x) <= 32`` rows: packs x (``dtype``) into bf16 planes,
+    then calls ``fn`` block of ``k_block`` k by block, in order, with the
+    f32 sums carried in a 64-byte aligned buffer, into ``c``, the (mr, nc)
+    output. int8 (qk_woq_kblock_fn): whole packed ``panels`` of layout (32,
+    2) holding ``nc`` columns (for a kernel that reads widened panels, each
+    block of each panel widened first), ``scale`` and ``bias`` (or None)
+    holding whole panels. int4 (qk_woq_int4_kblock_fn, ``group_size`` > 0):
+    packed int4 ``panels``, ``sz`` the (K / group_size, nc, 2)
+    scales_and_zeros, the group sums of f32(x) computed here as the driver
+    computes them, and ``k_block`` a multiple of ``group_size``."""
     lib, (nr, kr) = library(), kern.layout
     mr, k = x.shape
     code, planes = dtype_code(dtype), kern.planes(dtype)
@@ -197,21 +237,73 @@ def kblock_run(kern, x, dtype, panels, nc, scale, bias, c, k_block):
     packed_x = aligned_empty(-(-k // 32) * chunk)
     for i in range(mr):
         getattr(lib, PACK_X)(x[i].ctypes.data, code, k, packed_x.ctypes.data + 64 * i, chunk)
-    n_panels = -(-nc // nr)
-    panel_bytes = -(-k // kr) * kr * nr
-    acc = aligned_empty(4 * mr * n_panels * nr)
-    fn = getattr(lib, symbol(kern))
+    n_panels = -(-nc // 32)
+    acc = aligned_empty(4 * mr * n_panels * 32)
+    bias_ptr = bias.ctypes.data if bias is not None else None
+    if group_size:
+        groups = k // group_size
+        xs = np.ascontiguousarray(np.add.accumulate(  # fp32 sums in increasing k, from 0
+            x.astype(np.float32).reshape(mr, groups, group_size), axis=2)[:, :, -1])
+    panel_bytes = k * 16 if group_size else -(-k // kr) * kr * nr
     for k0 in range(0, max(k, 1), k_block):
         kc = min(k_block, k - k0)
+        a, first, last = packed_x.ctypes.data + k0 // 32 * chunk, k0 == 0, k0 + kc >= k
+        if group_size:
+            g0 = k0 // group_size
+            fn(mr, nc, kc, group_size, a, xs.ctypes.data + 4 * g0, groups, code,
+               panels.ctypes.data + k0 * 16, panel_bytes, sz.ctypes.data + g0 * sz.strides[0],
+               sz.strides[0], acc.ctypes.data, first, last, bias_ptr, c.ctypes.data, c.strides[0])
+            continue
         w, w_stride = panels.ctypes.data + k0 * nr, panel_bytes
         if kern.widened:
-            groups = -(-kc // kr)  # k-groups, padded to a tile's 16 (include/qkern/woq.h)
-            w_stride = -(-groups // 16) * 16 * nr * kr * kern.widened_bytes
+            groups_k = -(-kc // kr)  # k-groups, padded to a tile's 16 (include/qkern/woq.h)
+            w_stride = -(-groups_k // 16) * 16 * nr * kr * kern.widened_bytes
             wide = aligned_empty(n_panels * w_stride)
             for q in range(n_panels):
                 getattr(lib, widen_symbol(kern))(w + q * panel_bytes, 1, kc,
                                                  wide.ctypes.data + q * w_stride)
             w = wide.ctypes.data
-        fn(mr, nc, kc, packed_x.ctypes.data + k0 // 32 * chunk, code, w, w_stride,
-           acc.ctypes.data, k0 == 0, k0 + kc >= k, scale.ctypes.data,
-           bias.ctypes.data if bias is not None else None, c.ctypes.data, c.strides[0])
+        fn(mr, nc, kc, a, code, w, w_stride, acc.ctypes.data, first, last, scale.ctypes.data,
+           bias_ptr, c.ctypes.data, c.strides[0])
+
+
+class _Blocking(ctypes.Structure):
+    """qk_woq_blocking (include/qkern/woq.h)."""
+    _fields_ = [(name, ctypes.c_uint32)
+                for name in ("rows", "chunk_bytes", "k_block", "min_macs_per_thread", "split")]
+
+
+def _driver_args(kern, blocking):
+    """The registry entry of ``kern`` in the emulated library, and a
+    pointer to ``blocking`` (a :class:`qkern.dispatch.Blocking`; None: the
+    kernel's default)."""
+    entry = library().qk_test_kernel(kern.name.encode())
+    assert entry, f"{kern.name} is not in the emulated library's registry"
+    return entry, (ctypes.byref(_Blocking(*blocking.to_driver())) if blocking is not None
+                   else None)
+
+
+def gemm(kern, x, packed, scale, bias, y, threads, blocking=None) -> int:
+    """qk_woq_gemm() of the emulated library on the int8 ``kern``: ``x``
+    (M, K) rows of its dtype into ``y`` (M, N), ``packed`` in the kernel's
+    layout, ``scale`` and ``bias`` (or None) f32 holding whole panels; the
+    status code."""
+    entry, cut = _driver_args(kern, blocking)
+    (m, k), n = x.shape, y.shape[1]
+    return library().qk_woq_gemm(
+        entry, cut, m, n, k, dtype_code(x.dtype), x.ctypes.data, x.strides[0], None,
+        packed.ctypes.data, scale.ctypes.data, bias.ctypes.data if bias is not None else None,
+        y.ctypes.data, y.strides[0], threads)
+
+
+def gemm_int4(kern, x, packed, group_size, sz, bias, y, threads, blocking=None) -> int:
+    """qk_woq_gemm_int4() of the emulated library on the int4 ``kern``:
+    ``x`` (M, K) rows of its dtype into ``y`` (M, N), ``packed`` the packed
+    int4 weight, ``sz`` the (K / group_size, N, 2) scales_and_zeros, ``bias``
+    (or None) f32 holding whole panels; the status code."""
+    entry, cut = _driver_args(kern, blocking)
+    (m, k), n = x.shape, y.shape[1]
+    return library().qk_woq_gemm_int4(
+        entry, cut, m, n, k, group_size, dtype_code(x.dtype), x.ctypes.data, x.strides[0], None,
+        packed.ctypes.data, sz.ctypes.data, bias.ctypes.data if bias is not None else None,
+        y.ctypes.data, y.strides[0], threads)

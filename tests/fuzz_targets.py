@@ -41,6 +41,7 @@ import pickle
 import numpy as np
 
 import qkern
+from conftest import int4_bound_traits
 from qkern.__main__ import build_parser
 from qkern.woq_int4 import GROUP_SIZES
 from reference import BF16, DTYPES, assert_int4_close, assert_woq_close
@@ -690,9 +691,8 @@ class Int4Call(WoqCall):
                                                    ("bias", self.bias)), threads)
 
     def assert_close(self, y: np.ndarray, x: np.ndarray):
-        daz = any(k.available and k.flushes_subnormals and x.dtype.name in k.dtypes
-                  and k.weight_format == qkern.dispatch.INT4 for k in qkern.kernels())
-        assert_int4_close(y, x, self.q, self.sz, self.group_size, self.bias, daz=daz)
+        assert_int4_close(y, x, self.q, self.sz, self.group_size, self.bias,
+                          **int4_bound_traits(x.dtype))
 
 
 def fuzz_weight_int4pack_mm(data: bytes):

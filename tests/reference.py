@@ -185,6 +185,11 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # flushes a subnormal p (each of the g steps off by at most 2**-126 more):
 # p is off by g * 16 * 2**-126 more per group, so y by |s| times that,
 #   + 16 * g * 2**-126 * sum_grp |s|   (daz).
+# A kernel summing p over P bf16 planes of x (tile_qb4w: P = 2 for f16, 3
+# for f32, each plane truncated, sum exact, sum_p |x_pk| <= |x_k| (1 +
+# 2**-7 + 2**-14)) sums P g exact products in its own order: P g in place
+# of g in the roundings and the flushes above, and the x_k q_k part of T
+# grown by that factor (step 7 of the int8 analysis).
 
 
 def int4_dequantize(q, sz, group_size):
@@ -200,9 +205,9 @@ def int4_reference(x, q, sz, group_size, bias=None):
     return y if bias is None else y + np.asarray(bias).astype(np.float64)
 
 
-def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False):
+def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1):
     """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
-    kernel that flushes subnormals)."""
+    kernel that flushes subnormals, ``planes``: bf16 planes per x)."""
     dtype = np.dtype(dtype)
     x_abs = np.abs(np.asarray(x).astype(np.float64))
     groups = np.asarray(sz).shape[0]
@@ -210,24 +215,25 @@ def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False):
     zp = np.abs(np.asarray(sz[..., 1]).astype(np.float64) - 8 * np.asarray(sz[..., 0],
                                                                            np.float64))
     q64 = np.asarray(q).astype(np.float64)
-    big_t = (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T
+    growth = 1 + 2.0**-7 + 2.0**-14 if planes > 1 else 1.0
+    big_t = (growth * (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T)
              + x_abs @ np.repeat(zp.T, group_size, axis=1).T)
-    steps = group_size + 2 * groups + 2
+    steps = planes * group_size + 2 * groups + 2
     gamma = steps * U32 / (1 - steps * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
     e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
     if daz:
-        e32 = e32 + 16 * group_size * 2.0**-126 * s.sum(axis=0)
+        e32 = e32 + 16 * planes * group_size * 2.0**-126 * s.sum(axis=0)
     y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 
 
-def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False):
+def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1):
     """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*."""
     dtype = np.dtype(np.asarray(x).dtype)
     assert y.dtype == dtype, (y.dtype, dtype)
     ref = int4_reference(x, q, sz, group_size, bias)
-    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz)
+    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes)
     assert y.shape == ref.shape, (y.shape, ref.shape)
     err = np.abs(y.astype(np.float64) - ref)
     bad = ~(err <= tol)  # NaN fails

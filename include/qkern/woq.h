@@ -41,7 +41,8 @@
  * whole weight once (qk_woq_widen_weight(): every panel, the partial last
  * one padded) and run on that copy (qk_woq_gemm_widened()).
  *
- * Packed x (for kernels with a pack_x function; MR = 32): x as bf16 planes
+ * Packed x (for kernels with a pack_x function: the K-block kernels, int8
+ * and int4; MR = 32): x as bf16 planes
  * (P = 1 for bf16 x, 2 for f16, 3 for f32, summing to x exactly), in groups
  * of 32 rows, each group roundup(K, 32) / 32 * P * 2048 bytes:
  *
@@ -134,8 +135,9 @@ typedef void (*qk_woq_convert_x_fn)(const void* row, qk_dtype dt, size_t kc, flo
 typedef enum qk_woq_kind {
   QK_WOQ_PANELS = 0,   /* fn, over packed panels (nr, kr >= 1), or widened ones */
   QK_WOQ_UNPACKED = 1, /* fn, over the row-major weight itself (nr = 1, kr = 0) */
-  QK_WOQ_KBLOCK = 2    /* kblock, one K block per call, over packed x (pack_x)
-                          and packed or widened panels; MR = nr = 32, kr = 2 */
+  QK_WOQ_KBLOCK = 2    /* kblock (int8: packed or widened panels, kr = 2) or
+                          int4_kblock (packed int4 panels), one K block per
+                          call, over packed x (pack_x); MR = nr = 32 */
 } qk_woq_kind;
 
 /* How the weight's values are stored and scaled. */
@@ -177,7 +179,12 @@ typedef enum qk_woq_format {
  *   bf16_qb4w  (bf16 x) a vdpbf16ps chain, one pair k, k + 1 (k even) per
  *              step: p += x[k+1] q[k+1], then p += x[k] q[k], each product
  *              exact, each add rounded to nearest even with bf16 inputs
- *              and fp32 results that are subnormal taken as zero.
+ *              and fp32 results that are subnormal taken as zero;
+ *   tile_qb4w  (packed x: 1, 2 or 3 bf16 planes of x) AMX tdpbf16ps, chunk
+ *              by chunk of 32 k in increasing k, plane by plane within a
+ *              chunk, each tdpbf16ps adding its 16 pairs in the tile's own
+ *              order (Intel's SDM gives k then k + 1, pair by pair; the
+ *              silicon's order is its own), with the same flushes.
  */
 
 /* A kernel on int4 groupwise panels (QK_WOQ_INT4_GROUPWISE) computes y for
@@ -197,6 +204,30 @@ typedef void (*qk_woq_int4_ukernel_fn)(size_t mr, size_t nc, size_t kc, size_t g
                                        const float* const* a, qk_dtype dt, const uint8_t* w,
                                        const void* sz, size_t sz_stride, const float* bias, void* c,
                                        ptrdiff_t c_stride);
+
+/* A K-block kernel on int4 groupwise panels (kind QK_WOQ_KBLOCK, format
+ * QK_WOQ_INT4_GROUPWISE) adds one block of K -- whole groups -- for mr <=
+ * 32 rows and nc columns into the f32 sums acc, group by group in the
+ * order of sums above, as qk_woq_kblock_fn carries them from block to
+ * block:
+ *
+ *   kc         k values in this block, a multiple of group_size
+ *   a          the rows' group of packed x, at the block's first chunk
+ *   xs         the group sums of row 0 (qk_woq_group_sums of f32(x)) from
+ *              the block's first group; row i's xs_stride floats further
+ *   w          packed int4 panels from the block's first k-row of the
+ *              first panel, panels w_panel_stride bytes apart
+ *   sz         scales_and_zeros at the block's first group and column 0 of
+ *              this call, groups sz_stride bytes apart (as for
+ *              qk_woq_int4_ukernel_fn)
+ *   acc, first, last, c, c_stride   as for qk_woq_kblock_fn; the last block
+ *              writes y = round(acc + bias); bias as for qk_woq_int4_ukernel_fn
+ */
+typedef void (*qk_woq_int4_kblock_fn)(size_t mr, size_t nc, size_t kc, size_t group_size,
+                                      const void* a, const float* xs, size_t xs_stride, qk_dtype dt,
+                                      const uint8_t* w, size_t w_panel_stride, const void* sz,
+                                      size_t sz_stride, float* acc, int first, int last,
+                                      const float* bias, void* c, ptrdiff_t c_stride);
 
 /* Writes the kc / group_size sums of a row of kc f32 values to sums: each
  * the fp32 sum of its group in increasing k, from 0. */
@@ -232,9 +263,11 @@ enum {
  *                once (a multiple of 32)
  *   chunk_bytes  packed-weight bytes per chunk of columns: as many whole
  *                panels as fit, at least one; for a K-block kernel, the
- *                bytes of one K block of the chunk (k_block * nr per panel)
- *   k_block      K-block kernels: k per K block (a multiple of 32); other
- *                kernels take all of K in one call: 0
+ *                packed bytes of one K block of the chunk (k_block * nr per
+ *                panel; int4: k_block * 16)
+ *   k_block      K-block kernels: k per K block (a multiple of 32; for an
+ *                int4 kernel, rounded down to whole groups, one at least);
+ *                other kernels take all of K in one call: 0
  *   min_macs_per_thread
  *                multiply-adds below which one more thread costs more than
  *                it saves: a call starts at most 1 + M*N*K / this threads
@@ -285,9 +318,11 @@ typedef struct qk_woq_kernel {
    * once per row block and thread, into a per-thread buffer */
   qk_woq_convert_x_fn convert_x;
   qk_woq_kblock_fn kblock; /* QK_WOQ_KBLOCK */
-  /* QK_WOQ_INT4_GROUPWISE (kind QK_WOQ_PANELS, nr = 32, kr = 1, with
-   * convert_x, which then also takes f32 rows) */
+  /* QK_WOQ_INT4_GROUPWISE (nr = 32, kr = 1, with convert_x, which then
+   * also takes f32 rows): int4_fn for kind QK_WOQ_PANELS, int4_kblock
+   * (with pack_x) for QK_WOQ_KBLOCK */
   qk_woq_int4_ukernel_fn int4_fn;
+  qk_woq_int4_kblock_fn int4_kblock;
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
@@ -370,7 +405,9 @@ int qk_woq_gemm_widened(const qk_woq_kernel* kern, const qk_woq_blocking* blocki
  * (k / group_size, n, 2) scales_and_zeros in dtype dt, C-contiguous, bias
  * roundup(n, 32) f32 or NULL.  The driver converts each row of x to f32
  * with its group sums (per row block and thread) before the kernel reads
- * it.  The same guarantees and return codes as qk_woq_gemm().
+ * it; for a K-block kernel it packs x and computes the group sums of each
+ * row block once instead.  The same guarantees and return codes as
+ * qk_woq_gemm().
  */
 int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
                      size_t k, size_t group_size, qk_dtype dt, const char* x, int64_t x_stride,

@@ -23,6 +23,9 @@
  * while every 32-row step of the row block adds its products into the
  * thread's f32 sums (one K block at a time, in order, so each output is
  * still one sum over K in a fixed order), and the last K block writes y.
+ * An int4 K-block kernel reads its packed int4 panels as they are, in K
+ * blocks of whole groups, and the group sums of each row, computed with
+ * the packing (from x converted to f32, a row at a time per thread).
  *
  * Every thread runs its share under the floating-point environment of
  * qkern/fpenv.h, whatever its caller set.
@@ -63,6 +66,7 @@ typedef struct plan {
   const qk_woq_kernel* kern;
   size_t m, n, k, nr, esize;
   size_t panel_bytes;  /* bytes from one panel to the next in `packed` */
+  size_t k_bytes;      /* packed bytes per k of a panel (int8: nr, int4: 16) */
   size_t sizing_bytes; /* packed bytes of a panel, which chunk_bytes counts */
   size_t panels_per_chunk;
   int widened;                               /* `packed` holds the widened copy: nothing to widen */
@@ -77,6 +81,8 @@ typedef struct plan {
   size_t group_size, sz_stride;
   const char* sz;
   size_t row_floats; /* floats per converted row of x: k (+ its group sums) */
+  float* xs;         /* int4 K-block kernels: the group sums of the packed
+                        row block, k / group_size per row */
   char* y;
   int64_t y_stride;
 } plan;
@@ -165,7 +171,7 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
   const size_t x_chunk = packed_x_chunk_size(p->dt);
   for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += p->k_block) {
     const size_t kc = p->k - k0 < p->k_block ? p->k - k0 : p->k_block;
-    const int8_t* w = chunk + k0 * p->nr; /* the block's first k-group in the first panel */
+    const int8_t* w = chunk + k0 * p->k_bytes; /* the block's first k in the first panel */
     size_t w_stride = p->panel_bytes;
     if (wide) {
       w_stride = qk_woq_widened_panel_size(p->kern, kc);
@@ -176,10 +182,19 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
     const int first = k0 == 0, last = k0 + kc >= p->k;
     for (size_t r = m0; r < m_end; r += 32) {
       const size_t mr = m_end - r < 32 ? m_end - r : 32;
-      p->kern->kblock(mr, nc, kc, x_block + (r - m0) / 32 * p->x_group_bytes + k0 / 32 * x_chunk,
-                      p->dt, w, w_stride, acc + (r - m0) * ld, first, last, p->scale + n0,
-                      p->bias ? p->bias + n0 : NULL,
-                      p->y + (int64_t)r * p->y_stride + n0 * p->esize, (ptrdiff_t)p->y_stride);
+      const char* a = x_block + (r - m0) / 32 * p->x_group_bytes + k0 / 32 * x_chunk;
+      const float* bias = p->bias ? p->bias + n0 : NULL;
+      char* c = p->y + (int64_t)r * p->y_stride + n0 * p->esize;
+      if (p->group_size) {
+        const size_t groups = p->k / p->group_size, g0 = k0 / p->group_size;
+        p->kern->int4_kblock(mr, nc, kc, p->group_size, a, p->xs + (r - m0) * groups + g0, groups,
+                             p->dt, (const uint8_t*)w, w_stride,
+                             p->sz + g0 * p->sz_stride + n0 * 2 * p->esize, p->sz_stride,
+                             acc + (r - m0) * ld, first, last, bias, c, (ptrdiff_t)p->y_stride);
+      } else {
+        p->kern->kblock(mr, nc, kc, a, p->dt, w, w_stride, acc + (r - m0) * ld, first, last,
+                        p->scale + n0, bias, c, (ptrdiff_t)p->y_stride);
+      }
     }
   }
 }
@@ -213,8 +228,11 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   p->x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0;
   p->rows = blocking->rows;
   p->k_block = blocking->k_block;
+  if (packing_x && p->group_size) /* whole groups, one at least */
+    p->k_block =
+        p->k_block < p->group_size ? p->group_size : p->k_block / p->group_size * p->group_size;
   if (packing_x)
-    p->panels_per_chunk = blocking->chunk_bytes / (p->k_block * p->nr);
+    p->panels_per_chunk = blocking->chunk_bytes / (p->k_block * p->k_bytes);
   else
     p->panels_per_chunk =
         p->sizing_bytes ? blocking->chunk_bytes / p->sizing_bytes : p->full_panels;
@@ -254,30 +272,39 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
   const size_t acc_stride =
       packing_x ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
-  /* f32 rows of x per thread: a task's rows (at most mc, at most m) */
+  /* f32 rows of x per thread: a task's rows (at most mc, at most m); for
+   * an int4 K-block kernel one row, whose group sums go to xs (a row
+   * block's, shared) */
   const int converting = kern->convert_x && (dt != QK_F32 || p->group_size);
   p->row_floats = k + (p->group_size ? k / p->group_size : 0);
+  const size_t xf_rows = packing_x ? 1 : m < mc ? m : mc;
   size_t xf_stride = 0;
-  if (converting &&
-      __builtin_mul_overflow(m < mc ? m : mc, p->row_floats * sizeof(float), &xf_stride))
+  if (converting && __builtin_mul_overflow(xf_rows, p->row_floats * sizeof(float), &xf_stride))
     return QK_ERR_NOMEM;
   xf_stride = xf_stride / 64 * 64 + 64;
+  const int summing = packing_x && p->group_size;
+  size_t xs_bytes = 0;
+  if (summing && __builtin_mul_overflow(block_rows, (k / p->group_size) * sizeof(float), &xs_bytes))
+    return QK_ERR_NOMEM;
   int8_t* last_panel = partial ? aligned_alloc(64, (p->panel_bytes + 64) / 64 * 64) : NULL;
   char* wide_all = widening ? aligned_alloc(64, (size_t)threads * wide_stride) : NULL;
   char* x_block = packing_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
   char* acc_all = packing_x ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
+  float* xs = summing ? malloc(xs_bytes + 64) : NULL;
   size_t xf_bytes = 0;
   const int xf_fits = !__builtin_mul_overflow((size_t)threads, xf_stride, &xf_bytes);
   char* xf_all = converting && xf_fits ? aligned_alloc(64, xf_bytes) : NULL;
   if ((partial && !last_panel) || (widening && !wide_all) ||
-      (packing_x && (!x_block || !acc_all)) || (converting && !xf_all)) {
+      (packing_x && (!x_block || !acc_all)) || (converting && !xf_all) || (summing && !xs)) {
     free(last_panel);
     free(wide_all);
     free(x_block);
     free(acc_all);
     free(xf_all);
+    free(xs);
     return QK_ERR_NOMEM;
   }
+  p->xs = xs;
   if (partial) {
     qk_woq_pad_last_panel(p->packed, n, k, kern->nr, kern->kr, last_panel);
     p->last_panel = last_panel;
@@ -308,10 +335,15 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
       for (size_t mb = 0; mb < m_blocks; mb++) {
         const size_t m0 = mb * mc, m_end = m0 + mc < m ? m0 + mc : m;
 #pragma omp for schedule(static)
-        for (size_t r = m0; r < m_end; r++)
-          kern->pack_x(x_row(x, x_stride, x_offsets, r), dt, k,
-                       x_block + (r - m0) / 32 * p->x_group_bytes + (r - m0) % 32 * 64,
+        for (size_t r = m0; r < m_end; r++) {
+          const char* row = x_row(x, x_stride, x_offsets, r);
+          kern->pack_x(row, dt, k, x_block + (r - m0) / 32 * p->x_group_bytes + (r - m0) % 32 * 64,
                        packed_x_chunk_size(dt));
+          if (summing) {
+            kern->convert_x(row, dt, k, xf.data);
+            qk_woq_group_sums(xf.data, k, p->group_size, xs + (r - m0) * (k / p->group_size));
+          }
+        }
 #pragma omp for schedule(static)
         for (size_t nb = 0; nb < p->n_chunks; nb++)
           run_kblock_task(p, nb, m0, m_end, x_block, wide, acc);
@@ -324,6 +356,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   free(x_block);
   free(acc_all);
   free(xf_all);
+  free(xs);
   return QK_OK;
 }
 
@@ -354,6 +387,7 @@ static plan int8_plan(const qk_woq_kernel* kern, size_t m, size_t n, size_t k, q
                 .k = k,
                 .nr = kern->nr,
                 .panel_bytes = widened ? qk_woq_widened_panel_size(kern, k) : packed_panel,
+                .k_bytes = kern->nr,
                 .sizing_bytes = packed_panel,
                 .widened = widened,
                 .full_panels = widened ? ceil_div(n, kern->nr) : n / kern->nr,
@@ -391,11 +425,14 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
                      const int64_t* x_offsets, const uint8_t* packed, const void* sz,
                      const float* bias, char* y, int64_t y_stride, int num_threads) {
   if (kern && !blocking) blocking = &kern->blocking;
-  if (!kern || kern->format != QK_WOQ_INT4_GROUPWISE || kern->kind != QK_WOQ_PANELS ||
-      !kern->int4_fn || !kern->convert_x || kern->mr == 0 || kern->mr > QK_MAX_MR ||
-      kern->nr != 32 || kern->kr != 1 || !(kern->dtypes & (1u << dt)) || group_size == 0 ||
+  const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
+  if (!kern || kern->format != QK_WOQ_INT4_GROUPWISE ||
+      !(packing_x ? kern->int4_kblock && kern->pack_x && kern->mr == 32
+                  : kern->kind == QK_WOQ_PANELS && kern->int4_fn) ||
+      !kern->convert_x || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr != 32 ||
+      kern->kr != 1 || !(kern->dtypes & (1u << dt)) || group_size == 0 ||
       (kern->group_size && group_size % kern->group_size) || k % group_size ||
-      !blocking_valid(blocking, 0))
+      !blocking_valid(blocking, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
   plan p = {.kern = kern,
@@ -404,6 +441,7 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
             .k = k,
             .nr = 32,
             .panel_bytes = k * 16,
+            .k_bytes = 16,
             .sizing_bytes = k * 16,
             .full_panels = ceil_div(n, 32),
             .dt = dt,

@@ -29,6 +29,9 @@
  * smallest AVX2 core measured (512 KiB). */
 #define WIDENED_F32_BLOCKING {256, 64u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
 #define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
+/* The int4 K-block kernel: the same 256 columns of a 1024-k block per
+ * chunk (128 KiB of int4). */
+#define INT4_KBLOCK_BLOCKING {2048, 128u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
 
 /* The portable kernels are held to the AVX2 FMA peak, the least a machine
  * that measures a roofline has. */
@@ -93,6 +96,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"bf16w_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8, FLUSHES | SPLITS,
      "tdpbf16ps", KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c2__avx512, .widened_bytes = 2,
      .pack_x = qk_woq_pack_x__avx512, .kblock = qk_woq_bf16w_gemm_kblock_32x32c2__amx},
+    {"tile_qb4w_gemm_32x32c1__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 1, ALL, INT4,
+     FLUSHES | SPLITS, "tdpbf16ps", INT4_KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
+     .convert_x = qk_woq_convert_x__avx2, .int4_kblock = qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx},
 #endif
 };
 

@@ -72,12 +72,13 @@ def test_registry_traits_agree_with_what_the_kernels_are():
     for k in qkern.kernels():
         assert k.kind in ("panels", "unpacked", "kblock"), k.name
         assert (k.kind == "unpacked") == (k.layout == (1, 0)), k.name
-        if k.kind == "kblock":
-            assert (k.mr, k.nr, k.kr) == (32, 32, 2) and k.splits_x, k.name
+        if k.kind == "kblock":  # on packed x, split into bf16 planes
+            assert (k.mr, k.nr) == (32, 32) and k.splits_x, k.name
+            assert k.kr == (1 if k.weight_format == dispatch.INT4 else 2), k.name
         if k.weight_format == dispatch.INT4:
             # one packed int4 layout, any group size that is a multiple of 32,
-            # x read in f32 with its group sums
-            assert k.kind == "panels" and k.layout == (32, 1), k.name
+            # x in f32 with its group sums (a K-block kernel: the sums only)
+            assert k.kind in ("panels", "kblock") and k.layout == (32, 1), k.name
             assert k.group_size == 32 and k.converts_x and not k.widened, k.name
         else:
             assert k.weight_format == dispatch.INT8 and k.group_size == 0, k.name
@@ -100,13 +101,43 @@ def test_each_cpu_isa_has_its_kernels():
 @pytest.mark.parametrize("weight_format", [dispatch.INT8, dispatch.INT4])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_choice_is_highest_available_isa(dtype, weight_format):
-    for m in (1, 2, 7, 64, 1000):
+    """The highest level wins, but for an int4 level of K-block kernels
+    alone while M fits in one row block of the level below."""
+    for m in (1, 2, 7, 8, 9, 64, 1000):
         np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
         kern = dispatch.choose_kernel(np_dtype, m, weight_format=weight_format)
         assert kern.available and dtype in kern.dtypes and kern.weight_format == weight_format
-        best = max(qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
-                   if k.available and dtype in k.dtypes and k.weight_format == weight_format)
-        assert qkern.ISA_LEVELS.index(kern.isa) == best
+        levels = sorted({qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
+                         if k.available and dtype in k.dtypes
+                         and k.weight_format == weight_format}, reverse=True)
+        top = [k for k in qkern.kernels() if k.available and dtype in k.dtypes
+               and k.weight_format == weight_format and qkern.ISA_LEVELS.index(k.isa) == levels[0]]
+        below = [k.mr for k in qkern.kernels() if k.available and dtype in k.dtypes
+                 and k.weight_format == weight_format
+                 and qkern.ISA_LEVELS.index(k.isa) == levels[min(1, len(levels) - 1)]]
+        passed_over = (weight_format in dispatch.KBLOCK_ABOVE_ONE_ROW_BLOCK and len(levels) > 1
+                       and all(k.kind == "kblock" for k in top) and m <= max(below))
+        assert qkern.ISA_LEVELS.index(kern.isa) == levels[1 if passed_over else 0], (m, kern.name)
+
+
+def test_int4_k_block_kernel_only_above_one_row_block_below(monkeypatch):
+    """With every compiled kernel available, as on an AMX CPU: int4 takes
+    the AMX K-block kernel only where M needs more than one row block of
+    the AVX-512-BF16 kernel (bfloat16) or the AVX-512 one (other dtypes),
+    int8 the AMX kernels at every M."""
+    import dataclasses
+
+    if not any(k.isa == "amx" for k in qkern.kernels()):
+        pytest.skip("this build has no AMX kernel (the compiler lacks AMX)")
+    monkeypatch.setattr(dispatch, "REGISTRY",
+                        [dataclasses.replace(k, available=True) for k in dispatch.REGISTRY])
+    for dtype, below in ((ml_dtypes.bfloat16, "bf16_qb4w_gemm_8x32c1__avx512bf16"),
+                         (np.float32, "f32_qb4w_gemm_8x32c1__avx512")):
+        for m, want in ((1, below), (8, below), (9, "tile_qb4w_gemm_32x32c1__amx"),
+                        (4096, "tile_qb4w_gemm_32x32c1__amx")):
+            assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
+        for m in (1, 8, 9):
+            assert dispatch.choose_kernel(dtype, m).isa == "amx"
 
 
 def test_isa_cap_bad_value_is_a_clear_error():

@@ -12,6 +12,8 @@ kernels of these levels run emulated through the sweeps of
 tests/woq/test_ukernels.py.)"""
 
 import ctypes
+import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -205,7 +207,8 @@ def test_emulated_amx_kernel_is_within_the_bound_whatever_the_k_blocks(library, 
             for k_block in (32, 64, max(k, 32)):
                 big = np.full((mr + 2, nc + 11), np.nan, dtype)
                 c = big[1:1 + mr, 3:3 + nc]
-                emu.kblock_run(kern, x, dtype, panels, nc, scale, bias, c, k_block)
+                emu.kblock_run(getattr(library, emu.symbol(kern)), kern, x, dtype, panels, nc, c,
+                               k_block, scale, bias)
                 outside = big.astype(np.float64)
                 outside[1:1 + mr, 3:3 + nc] = np.nan
                 assert np.isnan(outside).all(), f"{kern.name} wrote outside its output"
@@ -213,3 +216,103 @@ def test_emulated_amx_kernel_is_within_the_bound_whatever_the_k_blocks(library, 
             assert_woq_close(c, x, w, scale[:nc], bias[:nc], daz=True, planes=kern.planes(dtype))
             for k_block, y in zip((64, k), results[1:]):
                 assert np.array_equal(y, results[0]), (np.dtype(dtype).name, mr, nc, k, k_block)
+
+
+INT4_KBLOCK = emu.emulated_kernels(INT4, kblock=True)
+
+
+@pytest.mark.parametrize("kern", INT4_KBLOCK, ids=lambda k: k.name)
+def test_emulated_int4_amx_kernel_gives_the_model_bits(library, kern):
+    """Each int4 AMX kernel, run block by block as the driver runs it, gives
+    the bits of the scalar model of its order (tdpbf16ps as the SDM sums,
+    tests/emulation/tile-qb4w-model.c), itself within the bound (x in bf16
+    planes, subnormals flushed): 32 rows and 1, 5, 16 and 17 (one or both
+    halves of the A and C tiles), one to seven panels, nine groups of 32
+    and two of 64, x spread or near fp32's smallest normal, with and
+    without bias, every dtype, into poisoned outputs; K blocks of one
+    group, two groups or all of K give the same bits."""
+    fn, model = getattr(library, emu.symbol(kern)), getattr(library, emu.int4_reference(kern.name))
+    rng = np.random.default_rng(23)
+    for dtype in DTYPES:
+        bits = np.uint32 if dtype == np.float32 else np.uint16
+        for case, (group_size, nc, q, panels, sz, bias, x32) in enumerate(
+                _int4_cases(rng, dtype, 32)):
+            x, k = x32.astype(dtype), x32.shape[1]
+            want = {}  # the model's results, rows independent, with bias or without
+            for b in (bias, None):
+                want[b is None] = np.empty((32, nc), dtype)
+                emu.kblock_run(model, kern, x, dtype, panels, nc, want[b is None], k, bias=b,
+                               group_size=group_size, sz=sz)
+            assert_int4_close(want[False], x, q, sz, group_size, bias[:nc], daz=True,
+                              planes=kern.planes(dtype))
+            for mr in (32, 1, 5, 16, 17) if case % 4 == 0 else (32,):
+                for k_block, b in ((group_size, None), (2 * group_size, bias), (k, bias)):
+                    big = np.full((mr + 2, nc + 11), np.nan, dtype)
+                    c = big[1:1 + mr, 3:3 + nc]
+                    emu.kblock_run(fn, kern, x[:mr], dtype, panels, nc, c, k_block, bias=b,
+                                   group_size=group_size, sz=sz)
+                    outside = big.astype(np.float64)
+                    outside[1:1 + mr, 3:3 + nc] = np.nan
+                    assert np.isnan(outside).all(), f"{kern.name} wrote outside its output"
+                    assert np.array_equal(c.view(bits), want[b is None][:mr].view(bits)), (
+                        np.dtype(dtype).name, group_size, nc, mr, k_block)
+
+
+def _driver_cuts(kern):
+    """The default blocking (None) and cuts that move every boundary of a
+    K-block kernel: 32-row blocks, one panel per chunk and K blocks of 32
+    (for int4, rounded up to one group); 64-row blocks and K blocks of 96
+    (int4 in groups of 64: one group); one chunk of every panel and K in
+    one block."""
+    d = kern.blocking
+    return [None, replace(d, rows=32, chunk_bytes=1, k_block=32, min_macs_per_thread=1),
+            replace(d, rows=64, k_block=96), replace(d, chunk_bytes=1 << 30, k_block=2048)]
+
+
+@pytest.mark.parametrize("kern", KBLOCK + INT4_KBLOCK, ids=lambda k: k.name)
+def test_emulated_amx_kernel_through_the_driver(library, kern):
+    """The driver (src/woq/woq_driver.c, compiled into the emulated library
+    with the registry) runs each AMX kernel over rows in several 32-row
+    groups and a partial one, columns over whole and partial panels, on 1
+    and 2 threads and every cut: the same bits each time, the same as the
+    kernel's calls block by block on each group of rows (int4: the
+    model's), refusing a split of the rows."""
+    rng = np.random.default_rng(29)
+    m, n = 70, 100
+    int4 = kern.weight_format == INT4
+    for dtype in DTYPES:
+        for group_size in ((32, 64) if int4 else (0,)):
+            k = 4 * 64 if int4 else 3 * 32 + 5
+            x = (rng.standard_normal((m, k)) * 4).astype(dtype)
+            bias = qkern.woq._padded_f32(rng.standard_normal(n).astype(np.float32), 32)
+            want = np.empty((m, n), dtype)
+            if int4:
+                q = rng.integers(0, 16, (n, k), dtype=np.uint8)
+                packed = qkern.pack_int4(q).reshape(-1)
+                sz = rng.standard_normal((k // group_size, n, 2)).astype(dtype)
+                for r in range(0, m, 32):
+                    emu.kblock_run(getattr(library, emu.int4_reference(kern.name)), kern,
+                                   x[r:r + 32], dtype, packed, n, want[r:r + 32], k, bias=bias,
+                                   group_size=group_size, sz=sz)
+            else:
+                w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+                # the driver reads the layout's partial last panel as rows
+                packed = qkern.packing.PackedWeight(w, (32, 2)).data
+                scale = qkern.woq._padded_f32(rng.uniform(1e-3, 2e-2, n).astype(np.float32), 32)
+                for r in range(0, m, 32):
+                    emu.kblock_run(getattr(library, emu.symbol(kern)), kern, x[r:r + 32], dtype,
+                                   packed_panels(w, 32, 2), n, want[r:r + 32], 64, scale, bias)
+                assert_woq_close(want, x, w, scale[:n], bias[:n], daz=True,
+                                 planes=kern.planes(dtype))
+            for cut, threads in itertools.product(_driver_cuts(kern), (1, 2)):
+                y = np.full((m, n), np.nan, dtype)
+                status = (emu.gemm_int4(kern, x, packed, group_size, sz, bias, y, threads, cut)
+                          if int4 else emu.gemm(kern, x, packed, scale, bias, y, threads, cut))
+                assert status == 0, (cut, threads)
+                assert np.array_equal(y.view(np.uint8), want.view(np.uint8)), (
+                    np.dtype(dtype).name, group_size, cut, threads)
+            refused = replace(kern.blocking, split="m")
+            y = np.full((m, n), np.nan, dtype)
+            status = (emu.gemm_int4(kern, x, packed, group_size, sz, bias, y, 1, refused)
+                      if int4 else emu.gemm(kern, x, packed, scale, bias, y, 1, refused))
+            assert status == 1 and np.isnan(y.astype(np.float64)).all()

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qkern
-from conftest import int4_flushes, kernel_params
+from conftest import int4_bound_traits, kernel_params
 from qkern import _woq
 from qkern._dtypes import dtype_code
 from qkern.dispatch import INT4, Blocking
@@ -126,7 +126,7 @@ def test_kernel_is_within_the_bound(kern, dtype):
             x, q, sz, b = _problem(rng, m, n, 2 * group_size, group_size, dtype,
                                    bias=m % 2 == 1)
             assert_int4_close(_run_kernel(kern, x, q, sz, group_size, b), x, q, sz, group_size, b,
-                              daz=kern.flushes_subnormals)
+                              daz=kern.flushes_subnormals, planes=kern.planes(dtype))
 
 
 def test_the_bound_can_fail():
@@ -173,8 +173,12 @@ def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
     packed = qkern.pack_int4(q)
     for kern in kernels:
         want = wants[_compute(kern)]
-        for cut in [Blocking(5, 1, 0, 1, "m"), Blocking(7, 40000, 0, 1, "n"),
-                    Blocking(1000, 1 << 30, 0, 1 << 20, "m")]:
+        kblock = kern.kind == "kblock"  # K blocks of 32 and 96 hold whole groups of 64 only
+        cuts = ([Blocking(32, 1, 32, 1, "n"), Blocking(64, 40000, 96, 1, "n"),
+                 Blocking(2048, 1 << 30, 2048, 1 << 20, "n")] if kblock else
+                [Blocking(5, 1, 0, 1, "m"), Blocking(7, 40000, 0, 1, "n"),
+                 Blocking(1000, 1 << 30, 0, 1 << 20, "m")])
+        for cut in cuts:
             y = np.empty((37, 101), dtype)
             _woq.gemm_int4(kern.index, x, 37, 101, 256, 64, dtype_code(dtype), x.strides[0],
                            None, packed.reshape(-1), sz, qkern.woq._padded_f32(b, 32), y,
@@ -185,11 +189,13 @@ def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
             y = np.empty((rows, 101), dtype)
             _woq.gemm_int4(kern.index, x, rows, 101, 256, 64, dtype_code(dtype), x.strides[0],
                            None, packed.reshape(-1), sz, qkern.woq._padded_f32(b, 32), y,
-                           y.strides[0], 1, Blocking(8, 1, 0, 1, "n").to_driver())
+                           y.strides[0], 1,
+                           Blocking(32 if kblock else 8, 1, 64 if kblock else 0, 1,
+                                    "n").to_driver())
             assert np.array_equal(y.view(np.uint8), want[:rows]), (kern.name, rows)
 
 
-@pytest.mark.parametrize("kern", INT4_KERNELS)
+@pytest.mark.parametrize("kern", [p for p in INT4_KERNELS if p.values[0].kind != "kblock"])
 def test_micro_kernel_alone_writes_only_its_output(kern):
     """One micro-kernel call, no driver: nc not a multiple of the panel,
     every mr, rows of c apart with poison around; agrees with the driver."""
@@ -222,7 +228,7 @@ def test_weight_int4pack_mm_on_random_problems(m, n, groups, group_size, dtype, 
     assert y.shape == (m, n) and y.dtype == dtype
     if k == 0:
         assert np.array_equal(y, np.broadcast_to(b if bias else np.zeros(n, dtype), (m, n)))
-    assert_int4_close(y, x, q, sz, group_size, b, daz=int4_flushes(dtype))
+    assert_int4_close(y, x, q, sz, group_size, b, **int4_bound_traits(dtype))
 
 
 def test_strided_x_batches_and_out():
@@ -275,6 +281,20 @@ def test_errors_name_the_argument_and_write_nothing():
         assert (out == 7.0).all(), match
 
 
+def test_k_block_kernels_have_no_single_call():
+    """The int4 K-block kernels (AMX) run only through the driver, which
+    packs x; the single-call entry refuses them before any call, whatever
+    the CPU (the registry holds them wherever the compiler built them)."""
+    kblock = [k for k in qkern.kernels() if k.weight_format == INT4 and k.kind == "kblock"]
+    if not kblock:
+        pytest.skip("this build has no int4 K-block kernel (the compiler lacks AMX)")
+    x, c = np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32)
+    for kern in kblock:
+        with pytest.raises(ValueError, match="no single-call micro-kernel"):
+            _woq.ukernel_int4(kern.index, 1, 32, 32, 32, x, 0, np.zeros(512, np.uint8),
+                              np.zeros((1, 32, 2), np.float32), None, c, c.strides[0])
+
+
 def test_int4_linear_holds_one_packed_copy_pickles_and_refuses_int8_kernels():
     rng = np.random.default_rng(4)
     w = rng.standard_normal((70, 256)).astype(BF16)
@@ -286,7 +306,7 @@ def test_int4_linear_holds_one_packed_copy_pickles_and_refuses_int8_kernels():
     assert not layer.packed_weight.flags.writeable and not layer.scales_and_zeros.flags.writeable
     x = rng.standard_normal((5, 256)).astype(BF16)
     y = layer(x)
-    assert_int4_close(y, x, q, sz, 128, bias, daz=int4_flushes(BF16))
+    assert_int4_close(y, x, q, sz, 128, bias, **int4_bound_traits(BF16))
     clone = pickle.loads(pickle.dumps(layer))
     assert clone(x).tobytes() == y.tobytes() and repr(clone) == repr(layer)
     with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
