@@ -126,7 +126,8 @@ class Blocking:
     chunk_bytes : int
         Packed-weight bytes per chunk of columns: as many whole panels as
         fit, at least one; for a ``kblock`` kernel, the bytes of one K block
-        of the chunk (``k_block * nr`` per panel).
+        of the chunk (``k_block * nr`` per panel, int4 ``k_block * 16``),
+        and at most a thread's share of the panels.
     k_block : int
         ``kblock`` kernels: k per block of K (a multiple of 32); 0 for the
         others, which take all of K in one call.

@@ -264,7 +264,8 @@ enum {
  *   chunk_bytes  packed-weight bytes per chunk of columns: as many whole
  *                panels as fit, at least one; for a K-block kernel, the
  *                packed bytes of one K block of the chunk (k_block * nr per
- *                panel; int4: k_block * 16)
+ *                panel; int4: k_block * 16), and at most a thread's share
+ *                of the panels
  *   k_block      K-block kernels: k per K block (a multiple of 32; for an
  *                int4 kernel, rounded down to whole groups, one at least);
  *                other kernels take all of K in one call: 0

@@ -231,13 +231,25 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   if (packing_x && p->group_size) /* whole groups, one at least */
     p->k_block =
         p->k_block < p->group_size ? p->group_size : p->k_block / p->group_size * p->group_size;
+  int threads = num_threads;
+#ifdef _OPENMP
+  if (threads <= 0) threads = omp_get_max_threads();
+#endif
+  if (threads < 1) threads = 1;
+  const double macs = (double)m * (double)n * (double)(k ? k : 1);
+  if ((double)threads * blocking->min_macs_per_thread > macs)
+    threads = (int)(macs / blocking->min_macs_per_thread) + 1;
+
   if (packing_x)
     p->panels_per_chunk = blocking->chunk_bytes / (p->k_block * p->k_bytes);
   else
     p->panels_per_chunk =
         p->sizing_bytes ? blocking->chunk_bytes / p->sizing_bytes : p->full_panels;
-  /* At least one panel, and no more than there are: the per-thread buffers
-   * are sized from it. */
+  /* The threads of a K-block kernel share the chunks only: a chunk holds
+   * at most a thread's share of the panels.  At least one panel, and no
+   * more than there are: the per-thread buffers are sized from it. */
+  if (packing_x && p->panels_per_chunk > ceil_div(p->full_panels, (size_t)threads))
+    p->panels_per_chunk = ceil_div(p->full_panels, (size_t)threads);
   if (p->panels_per_chunk > p->full_panels) p->panels_per_chunk = p->full_panels;
   if (p->panels_per_chunk == 0) p->panels_per_chunk = 1;
   p->full_chunks = ceil_div(p->full_panels, p->panels_per_chunk);
@@ -249,16 +261,8 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const size_t tasks = p->n_chunks * m_blocks;
   const int split_m = blocking->split == QK_WOQ_SPLIT_M;
 
-  int threads = num_threads;
-#ifdef _OPENMP
-  if (threads <= 0) threads = omp_get_max_threads();
-#endif
-  if (threads < 1) threads = 1;
   const size_t most_parallel = packing_x ? p->n_chunks : tasks;
   if ((size_t)threads > most_parallel) threads = (int)most_parallel;
-  const double macs = (double)m * (double)n * (double)(k ? k : 1);
-  if ((double)threads * blocking->min_macs_per_thread > macs)
-    threads = (int)(macs / blocking->min_macs_per_thread) + 1;
 
   /* Buffers (the partial last panel padded, widened panels and f32 sums per
    * thread, packed x of one row block) are allocated before any output is
@@ -429,9 +433,9 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
   if (!kern || kern->format != QK_WOQ_INT4_GROUPWISE ||
       !(packing_x ? kern->int4_kblock && kern->pack_x && kern->mr == 32
                   : kern->kind == QK_WOQ_PANELS && kern->int4_fn) ||
-      !kern->convert_x || kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr != 32 ||
-      kern->kr != 1 || !(kern->dtypes & (1u << dt)) || group_size == 0 ||
-      (kern->group_size && group_size % kern->group_size) || k % group_size ||
+      !kern->convert_x || (kern->widen && (!packing_x || !kern->widened_bytes)) || kern->mr == 0 ||
+      kern->mr > QK_MAX_MR || kern->nr != 32 || kern->kr != 1 || !(kern->dtypes & (1u << dt)) ||
+      group_size == 0 || (kern->group_size && group_size % kern->group_size) || k % group_size ||
       !blocking_valid(blocking, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;

@@ -29,9 +29,11 @@
  * smallest AVX2 core measured (512 KiB). */
 #define WIDENED_F32_BLOCKING {256, 64u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
 #define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
-/* The int4 K-block kernel: the same 256 columns of a 1024-k block per
- * chunk (128 KiB of int4). */
-#define INT4_KBLOCK_BLOCKING {2048, 128u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
+/* The int4 K-block kernels: 128 columns of a 1024-k block per chunk (64
+ * KiB of int4, 256 KiB widened), so that a 32-row step's f32 sums over the
+ * chunk (16 KiB), which every group re-reads, stay in L1 beside the
+ * group's A tiles. */
+#define INT4_KBLOCK_BLOCKING {2048, 64u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
 
 /* The portable kernels are held to the AVX2 FMA peak, the least a machine
  * that measures a roofline has. */
