@@ -57,7 +57,7 @@ ISA_LIBRARIES = [
         "__m256i h = _mm512_cvtepi32_epi16(_mm512_set1_epi32(1)); (void)h;",
         ["src/woq/f32-gemm-x32c2-avx512.c", "src/woq/f32-gemv-x1c0-avx512.c",
          "src/woq/f32-qb4w-gemm-x32c1-avx512.c", "src/woq/widen-x32c2-avx512.c",
-         "src/woq/pack-x-avx512.c",
+         "src/woq/pack-x-avx512.c", "src/woq/widen-x32c1-avx512.c",
          "src/roofline/peak-vfmadd231ps-avx512.c"],
     ),
     (

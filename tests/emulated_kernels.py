@@ -47,12 +47,15 @@ PACK_X = "qk_woq_pack_x__avx512"
 # ones are checked against the float64 reference, tests/ukernel_tester.py):
 # f32_qb4w the portable kernel's, bf16_qb4w a scalar model of the order
 # include/qkern/woq.h gives it
-# tile_qb4w a scalar model with the signature of its K-block kernels
+# tile_qb4w (and tilew_qb4w, the same on widened panels) a scalar model
+# with the signature of their K-block kernels
 REFERENCE_SOURCES = ("src/woq/f32-qb4w-gemm-ref.c", "tests/emulation/bf16-qb4w-model.c",
                      "tests/emulation/tile-qb4w-model.c")
 INT4_REFERENCES = {"f32_qb4w": "qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref",
                    "bf16_qb4w": "qk_test_bf16_qb4w_model",
-                   "tile_qb4w": "qk_test_tile_qb4w_model"}
+                   "tile_qb4w": "qk_test_tile_qb4w_model",
+                   "tilew_qb4w": "qk_test_tile_qb4w_model"}
+_KBLOCK_REFERENCES = {"qk_test_tile_qb4w_model"}
 # the registry (with every level's entries), the driver and what they
 # reference below the emulated levels, compiled with AVX2 flags
 DRIVER_SOURCES = ("src/woq/woq_driver.c", "src/woq/woq_pack.c", "src/woq/woq_registry.c",
@@ -91,7 +94,8 @@ def symbol(kern) -> str:
 
 def widen_symbol(kern) -> str:
     """The AVX-512 widening of the panels a K-block kernel reads widened
-    (``qk_woq_widen_x32c2__avx512`` for layout (32, 2))."""
+    (``qk_woq_widen_x32c2__avx512`` for layout (32, 2), ``..._x32c1_...``
+    for the packed int4 layout)."""
     nr, kr = kern.layout
     return f"qk_woq_widen_x{nr}c{kr}__avx512"
 
@@ -196,8 +200,8 @@ def library() -> ctypes.CDLL:
     handle.qk_woq_gemm_int4.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 4 + [
         ctypes.c_int, ctypes.c_void_p, *common, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    for compute, reference in INT4_REFERENCES.items():
-        getattr(handle, reference).argtypes = (_INT4_KBLOCK_ARGS if compute == "tile_qb4w"
+    for reference in INT4_REFERENCES.values():
+        getattr(handle, reference).argtypes = (_INT4_KBLOCK_ARGS if reference in _KBLOCK_REFERENCES
                                                else _INT4_ARGS)
     return handle
 
@@ -223,13 +227,14 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
     group of ``len(x) <= 32`` rows: packs x (``dtype``) into bf16 planes,
     then calls ``fn`` block of ``k_block`` k by block, in order, with the
     f32 sums carried in a 64-byte aligned buffer, into ``c``, the (mr, nc)
-    output. int8 (qk_woq_kblock_fn): whole packed ``panels`` of layout (32,
-    2) holding ``nc`` columns (for a kernel that reads widened panels, each
-    block of each panel widened first), ``scale`` and ``bias`` (or None)
-    holding whole panels. int4 (qk_woq_int4_kblock_fn, ``group_size`` > 0):
-    packed int4 ``panels``, ``sz`` the (K / group_size, nc, 2)
-    scales_and_zeros, the group sums of f32(x) computed here as the driver
-    computes them, and ``k_block`` a multiple of ``group_size``."""
+    output, on whole packed ``panels`` holding ``nc`` columns (for a
+    kernel that reads widened panels, each block of each panel widened
+    first). int8 (qk_woq_kblock_fn): layout (32, 2), ``scale`` and ``bias``
+    (or None) holding whole panels. int4 (qk_woq_int4_kblock_fn,
+    ``group_size`` > 0): the packed int4 layout, ``sz`` the (K /
+    group_size, nc, 2) scales_and_zeros, the group sums of f32(x) computed
+    here as the driver computes them, and ``k_block`` a multiple of
+    ``group_size``."""
     lib, (nr, kr) = library(), kern.layout
     mr, k = x.shape
     code, planes = dtype_code(dtype), kern.planes(dtype)
@@ -238,7 +243,8 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
     for i in range(mr):
         getattr(lib, PACK_X)(x[i].ctypes.data, code, k, packed_x.ctypes.data + 64 * i, chunk)
     n_panels = -(-nc // 32)
-    acc = aligned_empty(4 * mr * n_panels * 32)
+    acc = aligned_empty(4 * mr * n_panels * 32).view(np.float32)
+    acc[:] = np.nan  # the first block must not read it
     bias_ptr = bias.ctypes.data if bias is not None else None
     if group_size:
         groups = k // group_size
@@ -248,13 +254,7 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
     for k0 in range(0, max(k, 1), k_block):
         kc = min(k_block, k - k0)
         a, first, last = packed_x.ctypes.data + k0 // 32 * chunk, k0 == 0, k0 + kc >= k
-        if group_size:
-            g0 = k0 // group_size
-            fn(mr, nc, kc, group_size, a, xs.ctypes.data + 4 * g0, groups, code,
-               panels.ctypes.data + k0 * 16, panel_bytes, sz.ctypes.data + g0 * sz.strides[0],
-               sz.strides[0], acc.ctypes.data, first, last, bias_ptr, c.ctypes.data, c.strides[0])
-            continue
-        w, w_stride = panels.ctypes.data + k0 * nr, panel_bytes
+        w, w_stride = panels.ctypes.data + k0 * (16 if group_size else nr), panel_bytes
         if kern.widened:
             groups_k = -(-kc // kr)  # k-groups, padded to a tile's 16 (include/qkern/woq.h)
             w_stride = -(-groups_k // 16) * 16 * nr * kr * kern.widened_bytes
@@ -263,8 +263,14 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
                 getattr(lib, widen_symbol(kern))(w + q * panel_bytes, 1, kc,
                                                  wide.ctypes.data + q * w_stride)
             w = wide.ctypes.data
-        fn(mr, nc, kc, a, code, w, w_stride, acc.ctypes.data, first, last, scale.ctypes.data,
-           bias_ptr, c.ctypes.data, c.strides[0])
+        if group_size:
+            g0 = k0 // group_size
+            fn(mr, nc, kc, group_size, a, xs.ctypes.data + 4 * g0, groups, code, w, w_stride,
+               sz.ctypes.data + g0 * sz.strides[0], sz.strides[0], acc.ctypes.data, first, last,
+               bias_ptr, c.ctypes.data, c.strides[0])
+        else:
+            fn(mr, nc, kc, a, code, w, w_stride, acc.ctypes.data, first, last, scale.ctypes.data,
+               bias_ptr, c.ctypes.data, c.strides[0])
 
 
 class _Blocking(ctypes.Structure):

@@ -54,17 +54,21 @@ QK_DECLARE_INT4_UKERNEL(qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16)
 
 /* K-block kernels on int4 groupwise weights and packed x
  * (qk_woq_int4_kblock_fn); compute "tile_qb4w": AMX tile products of the
- * bf16 planes of x and bf16(q). */
-void qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx(size_t mr, size_t nc, size_t kc, size_t group_size,
-                                               const void* a, const float* xs, size_t xs_stride,
-                                               qk_dtype dt, const uint8_t* w, size_t w_panel_stride,
-                                               const void* sz, size_t sz_stride, float* acc,
-                                               int first, int last, const float* bias, void* c,
-                                               ptrdiff_t c_stride);
+ * bf16 planes of x and bf16(q) ("tilew_qb4w": the same, on panels widened
+ * by the driver). */
+#define QK_DECLARE_INT4_KBLOCK(NAME)                                                              \
+  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const void* a, const float* xs,   \
+            size_t xs_stride, qk_dtype dt, const uint8_t* w, size_t w_panel_stride,               \
+            const void* sz, size_t sz_stride, float* acc, int first, int last, const float* bias, \
+            void* c, ptrdiff_t c_stride);
+
+QK_DECLARE_INT4_KBLOCK(qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx)
+QK_DECLARE_INT4_KBLOCK(qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx)
 
 /* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
 void qk_woq_widen_x16c1__avx2(const int8_t* packed, size_t panels, size_t kc, void* out);
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
+void qk_woq_widen_x32c1__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
 void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);

@@ -104,6 +104,7 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
           QK_MEMORY_BARRIER();
           _tile_loadd(QK_TILE_B0, bbuf[0], 64);
           _tile_loadd(QK_TILE_B1, bbuf[1], 64);
+          QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
         }
         qk_tile_dpbf16ps_chunk(at + ch * planes * 2048, planes, mr);
       }

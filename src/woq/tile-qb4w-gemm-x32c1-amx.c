@@ -1,6 +1,8 @@
 /*
- * tile-qb4w-gemm-x32c1-amx.c -- the WoQ GEMM K-block micro-kernel 32x32c1
- * on int4 groupwise weights, AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512
+ * tile-qb4w-gemm-x32c1-amx.c -- the WoQ GEMM K-block micro-kernels 32x32c1
+ * on int4 groupwise weights, tile (packed int4 panels, widened here) and
+ * tilew (panels the driver widened to bf16 B-tile rows,
+ * qk_woq_widen_x32c1__avx512), AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512
  * F/BW/VL widen the weights into B tiles and run the group epilogue.
  *
  * Contract: qk_woq_int4_kblock_fn (include/qkern/woq.h), packed int4
@@ -16,8 +18,10 @@
  *   B  tmm6, tmm7  16 pairs (k, k + 1) x columns 0..15 / 16..31 of
  *                  bf16(q), exact: a pair of the panel's 16-byte rows
  *                  widens to one row of each (qk512_qb4w_widen_pair, as
- *                  the vdpbf16ps kernel widens it), built in a buffer;
- *                  each B tile serves every plane and both row halves
+ *                  the vdpbf16ps kernel widens it), built in a buffer --
+ *                  or, for tilew, loaded straight from the widened panel
+ *                  (2 KiB per 32 k); each B tile serves every plane and
+ *                  both row halves
  *
  * Loops: group by group, and within a group panel by panel, so that the
  * group's A tiles (group_size / 32 chunks of 1 to 3 planes, 2 KiB each)
@@ -74,10 +78,13 @@ QK_INLINE void apply_group(const qk_dtype DT, size_t mr, size_t nc, size_t col0,
   }
 }
 
-QK_INLINE void tile_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, size_t group_size,
-                         const char* at, const float* xs, size_t xs_stride, const uint8_t* w,
-                         size_t w_panel_stride, const char* sz, size_t sz_stride, float* acc,
-                         int first, int last, const float* bias, void* c, ptrdiff_t c_stride) {
+/* PREWIDENED: w holds widened panels (64 bytes per k), read straight into
+ * the B tiles; else packed int4 panels (16 bytes per k), widened here. */
+QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                         size_t group_size, const char* at, const float* xs, size_t xs_stride,
+                         const uint8_t* w, size_t w_panel_stride, const char* sz, size_t sz_stride,
+                         float* acc, int first, int last, const float* bias, void* c,
+                         ptrdiff_t c_stride) {
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
   const size_t groups = kc / group_size, chunks = group_size / 32; /* groups: multiples of 32 */
   const size_t panels = (nc + 31) / 32, ld = 32 * panels;          /* acc: rows ld floats apart */
@@ -92,16 +99,23 @@ QK_INLINE void tile_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, siz
   qk_tile_config_32x32(mr);
   for (size_t g = 0; g < groups; g++) {
     for (size_t pn = 0; pn < panels; pn++) {
-      const uint8_t* wg = w + pn * w_panel_stride + g * group_size * 16;
+      const uint8_t* wg = w + pn * w_panel_stride + g * group_size * (PREWIDENED ? 64 : 16);
       _tile_zero(QK_TILE_C00);
       _tile_zero(QK_TILE_C01);
       _tile_zero(QK_TILE_C10);
       _tile_zero(QK_TILE_C11);
       for (size_t ch = 0; ch < chunks; ch++) {
-        widen_b(wg + 512 * ch, pairs, table, bbuf);
-        QK_MEMORY_BARRIER();
-        _tile_loadd(QK_TILE_B0, bbuf[0], 64);
-        _tile_loadd(QK_TILE_B1, bbuf[1], 64);
+        if (PREWIDENED) {
+          QK_ASAN_CHECK(wg + 2048 * ch, 2048, 0);
+          _tile_loadd(QK_TILE_B0, wg + 2048 * ch, 128);
+          _tile_loadd(QK_TILE_B1, wg + 2048 * ch + 64, 128);
+        } else {
+          widen_b(wg + 512 * ch, pairs, table, bbuf);
+          QK_MEMORY_BARRIER();
+          _tile_loadd(QK_TILE_B0, bbuf[0], 64);
+          _tile_loadd(QK_TILE_B1, bbuf[1], 64);
+          QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
+        }
         qk_tile_dpbf16ps_chunk(at + (g * chunks + ch) * planes * 2048, planes, mr);
       }
       _tile_stored(QK_TILE_C00, p[0], 128);
@@ -113,6 +127,7 @@ QK_INLINE void tile_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, siz
       QK_MEMORY_BARRIER();
       apply_group(DT, mr, nc, 32 * pn, ld, (const float(*)[32])p, sz + g * sz_stride, xs + g,
                   xs_stride, acc);
+      QK_MEMORY_BARRIER(); /* p is read before the next tilestored */
     }
   }
   _tile_release();
@@ -130,24 +145,30 @@ QK_INLINE void tile_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, siz
   }
 }
 
-void qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx(size_t mr, size_t nc, size_t kc, size_t group_size,
-                                               const void* a, const float* xs, size_t xs_stride,
-                                               qk_dtype dt, const uint8_t* w, size_t w_panel_stride,
-                                               const void* sz, size_t sz_stride, float* acc,
-                                               int first, int last, const float* bias, void* c,
-                                               ptrdiff_t c_stride) {
-  switch (dt) {
-    case QK_F32:
-      tile_body(QK_F32, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w, w_panel_stride,
-                (const char*)sz, sz_stride, acc, first, last, bias, c, c_stride);
-      break;
-    case QK_F16:
-      tile_body(QK_F16, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w, w_panel_stride,
-                (const char*)sz, sz_stride, acc, first, last, bias, c, c_stride);
-      break;
-    case QK_BF16:
-      tile_body(QK_BF16, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w, w_panel_stride,
-                (const char*)sz, sz_stride, acc, first, last, bias, c, c_stride);
-      break;
+/* The two kernels differ only in where B comes from. */
+#define TILE_QB4W_KBLOCK(NAME, PREWIDENED)                                                        \
+  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const void* a, const float* xs,   \
+            size_t xs_stride, qk_dtype dt, const uint8_t* w, size_t w_panel_stride,               \
+            const void* sz, size_t sz_stride, float* acc, int first, int last, const float* bias, \
+            void* c, ptrdiff_t c_stride) {                                                        \
+    switch (dt) {                                                                                 \
+      case QK_F32:                                                                                \
+        tile_body(PREWIDENED, QK_F32, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w,   \
+                  w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c,          \
+                  c_stride);                                                                      \
+        break;                                                                                    \
+      case QK_F16:                                                                                \
+        tile_body(PREWIDENED, QK_F16, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w,   \
+                  w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c,          \
+                  c_stride);                                                                      \
+        break;                                                                                    \
+      case QK_BF16:                                                                               \
+        tile_body(PREWIDENED, QK_BF16, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w,  \
+                  w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c,          \
+                  c_stride);                                                                      \
+        break;                                                                                    \
+    }                                                                                             \
   }
-}
+
+TILE_QB4W_KBLOCK(qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx, 0)
+TILE_QB4W_KBLOCK(qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx, 1)

@@ -101,6 +101,10 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"tile_qb4w_gemm_32x32c1__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 1, ALL, INT4,
      FLUSHES | SPLITS, "tdpbf16ps", INT4_KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
      .convert_x = qk_woq_convert_x__avx2, .int4_kblock = qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx},
+    {"tilew_qb4w_gemm_32x32c1__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 1, ALL, INT4,
+     FLUSHES | SPLITS, "tdpbf16ps", INT4_KBLOCK_BLOCKING, .widen = qk_woq_widen_x32c1__avx512,
+     .widened_bytes = 2, .pack_x = qk_woq_pack_x__avx512, .convert_x = qk_woq_convert_x__avx2,
+     .int4_kblock = qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx},
 #endif
 };
 

@@ -34,14 +34,17 @@ static inline qk_emu_tiles* qk_emu_tile(int t) {
   return &qk_emu_amx;
 }
 
-/* ldtilecfg: palette 1, start_row 0, rows <= 16 and colsb <= 64 of each
- * tile (both 0, or neither), tiles 8..15 unused; all tiles zeroed. */
+/* ldtilecfg: palette 1, start_row 0, the reserved bytes 2..15 zero, rows
+ * <= 16 and colsb <= 64 of each tile (both 0, or neither), tiles 8..15
+ * unused; all tiles zeroed. */
 static inline void qk_emu_tile_loadconfig(const void* config) {
   uint8_t cfg[64];
   memcpy(cfg, config, 64);
   memset(&qk_emu_amx, 0, sizeof(qk_emu_amx));
   if (cfg[0] == 0) return; /* palette 0: the tile state released */
   if (cfg[0] != 1 || cfg[1] != 0) abort();
+  for (int b = 2; b < 16; b++)
+    if (cfg[b]) abort();
   for (int t = 0; t < 16; t++) {
     uint16_t colsb;
     memcpy(&colsb, cfg + 16 + 2 * t, 2);
@@ -79,15 +82,15 @@ static inline void qk_emu_tile_stored(int t, void* base, long stride) {
  * c[m][n] += a[m][2k] b[k][2n], then += a[m][2k+1] b[k][2n+1]; each
  * product exact, each add rounded to nearest even, subnormal inputs
  * (the accumulator too) taken as zero and subnormal results flushed
- * (qk_emu_daz, qk_emu_bf16 of avx512_on_avx2.h).  Shapes as the SDM
- * requires: a's and c's rows alike, a's pairs = b's rows, b's and c's
- * bytes per row alike. */
+ * (qk_emu_daz, qk_emu_bf16 of avx512_on_avx2.h).  Three distinct tiles
+ * and shapes as the SDM requires: a's and c's rows alike, a's pairs = b's
+ * rows, b's and c's bytes per row alike. */
 static inline void qk_emu_tile_dpbf16ps(int c, int a, int b) {
   qk_emu_tiles* s = qk_emu_tile(c);
   qk_emu_tile(a);
   qk_emu_tile(b);
-  if (s->rows[c] != s->rows[a] || s->colsb[a] / 4 != s->rows[b] || s->colsb[b] != s->colsb[c] ||
-      s->colsb[c] % 4 || s->colsb[a] % 4)
+  if (c == a || c == b || a == b || s->rows[c] != s->rows[a] || s->colsb[a] / 4 != s->rows[b] ||
+      s->colsb[b] != s->colsb[c] || s->colsb[c] % 4 || s->colsb[a] % 4)
     abort();
   for (int m = 0; m < s->rows[c]; m++)
     for (int n = 0; n < s->colsb[c] / 4; n++) {

@@ -77,9 +77,11 @@ def test_registry_traits_agree_with_what_the_kernels_are():
             assert k.kr == (1 if k.weight_format == dispatch.INT4 else 2), k.name
         if k.weight_format == dispatch.INT4:
             # one packed int4 layout, any group size that is a multiple of 32,
-            # x in f32 with its group sums (a K-block kernel: the sums only)
+            # x in f32 with its group sums (a K-block kernel: the sums only,
+            # and panels it may read widened by the driver)
             assert k.kind in ("panels", "kblock") and k.layout == (32, 1), k.name
-            assert k.group_size == 32 and k.converts_x and not k.widened, k.name
+            assert k.group_size == 32 and k.converts_x, k.name
+            assert not k.widened or k.kind == "kblock", k.name
         else:
             assert k.weight_format == dispatch.INT8 and k.group_size == 0, k.name
         assert k.bound_by in peaks, k.name
@@ -124,7 +126,8 @@ def test_int4_k_block_kernel_only_above_one_row_block_below(monkeypatch):
     """With every compiled kernel available, as on an AMX CPU: int4 takes
     the AMX K-block kernel only where M needs more than one row block of
     the AVX-512-BF16 kernel (bfloat16) or the AVX-512 one (other dtypes),
-    int8 the AMX kernels at every M."""
+    its twin on widened panels where M needs more than one of its row
+    blocks (as int8 does); int8 the AMX kernels at every M."""
     import dataclasses
 
     if not any(k.isa == "amx" for k in qkern.kernels()):
@@ -134,7 +137,8 @@ def test_int4_k_block_kernel_only_above_one_row_block_below(monkeypatch):
     for dtype, below in ((ml_dtypes.bfloat16, "bf16_qb4w_gemm_8x32c1__avx512bf16"),
                          (np.float32, "f32_qb4w_gemm_8x32c1__avx512")):
         for m, want in ((1, below), (8, below), (9, "tile_qb4w_gemm_32x32c1__amx"),
-                        (4096, "tile_qb4w_gemm_32x32c1__amx")):
+                        (32, "tile_qb4w_gemm_32x32c1__amx"),
+                        (33, "tilew_qb4w_gemm_32x32c1__amx")):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
         for m in (1, 8, 9):
             assert dispatch.choose_kernel(dtype, m).isa == "amx"

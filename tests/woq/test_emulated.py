@@ -84,6 +84,19 @@ def _int4_cases(rng, dtype, rows):
                        x.astype(dtype).astype(np.float32))
 
 
+def _long_group_cases(rng, dtype, rows):
+    """Two groups of 128 and of 256 k (4 and 8 chunks of 32 a group) on 45
+    columns, x spread, as :func:`_int4_cases` yields them."""
+    for group_size in (128, 256):
+        nc, kc = 45, 2 * group_size
+        q = rng.integers(0, 16, (nc, kc), dtype=np.uint8)
+        sz = rng.standard_normal((2, nc, 2)).astype(dtype)
+        bias = qkern.woq._padded_f32(rng.standard_normal(nc).astype(np.float32), 32)
+        x = rng.standard_normal((rows, kc)) * 2.0 ** rng.integers(-8, 9, (rows, kc))
+        yield (group_size, nc, q, qkern.pack_int4(q).reshape(-1), sz, bias,
+               x.astype(dtype).astype(np.float32))
+
+
 def _reference_bits(reference, kern, dtype, group_size, nc, q, panels, sz, bias, x, x_rows):
     """The reference's results for every row of x (x_rows: with its group
     sums) with bias (key False) and without (True), checked within the
@@ -228,21 +241,23 @@ def test_emulated_int4_amx_kernel_gives_the_model_bits(library, kern):
     tests/emulation/tile-qb4w-model.c), itself within the bound (x in bf16
     planes, subnormals flushed): 32 rows and 1, 5, 16 and 17 (one or both
     halves of the A and C tiles), one to seven panels, nine groups of 32
-    and two of 64, x spread or near fp32's smallest normal, with and
-    without bias, every dtype, into poisoned outputs; K blocks of one
-    group, two groups or all of K give the same bits."""
+    and two of 64 (and two of 128 and 256, several chunks a group), x
+    spread or near fp32's smallest normal, with and without bias, every
+    dtype, into poisoned outputs and sums; K blocks of one group, two
+    groups or all of K give the same bits."""
     fn, model = getattr(library, emu.symbol(kern)), getattr(library, emu.int4_reference(kern.name))
+    packed_kern = replace(kern, widened=False)  # the model reads packed panels
     rng = np.random.default_rng(23)
     for dtype in DTYPES:
         bits = np.uint32 if dtype == np.float32 else np.uint16
         for case, (group_size, nc, q, panels, sz, bias, x32) in enumerate(
-                _int4_cases(rng, dtype, 32)):
+                [*_int4_cases(rng, dtype, 32), *_long_group_cases(rng, dtype, 32)]):
             x, k = x32.astype(dtype), x32.shape[1]
             want = {}  # the model's results, rows independent, with bias or without
             for b in (bias, None):
                 want[b is None] = np.empty((32, nc), dtype)
-                emu.kblock_run(model, kern, x, dtype, panels, nc, want[b is None], k, bias=b,
-                               group_size=group_size, sz=sz)
+                emu.kblock_run(model, packed_kern, x, dtype, panels, nc, want[b is None], k,
+                               bias=b, group_size=group_size, sz=sz)
             assert_int4_close(want[False], x, q, sz, group_size, bias[:nc], daz=True,
                               planes=kern.planes(dtype))
             for mr in (32, 1, 5, 16, 17) if case % 4 == 0 else (32,):
@@ -290,10 +305,10 @@ def test_emulated_amx_kernel_through_the_driver(library, kern):
                 q = rng.integers(0, 16, (n, k), dtype=np.uint8)
                 packed = qkern.pack_int4(q).reshape(-1)
                 sz = rng.standard_normal((k // group_size, n, 2)).astype(dtype)
-                for r in range(0, m, 32):
-                    emu.kblock_run(getattr(library, emu.int4_reference(kern.name)), kern,
-                                   x[r:r + 32], dtype, packed, n, want[r:r + 32], k, bias=bias,
-                                   group_size=group_size, sz=sz)
+                for r in range(0, m, 32):  # the model reads packed panels
+                    emu.kblock_run(getattr(library, emu.int4_reference(kern.name)),
+                                   replace(kern, widened=False), x[r:r + 32], dtype, packed, n,
+                                   want[r:r + 32], k, bias=bias, group_size=group_size, sz=sz)
             else:
                 w = rng.integers(-128, 128, (n, k), dtype=np.int8)
                 # the driver reads the layout's partial last panel as rows
