@@ -620,9 +620,11 @@ def _thread_counts(threads: int) -> list:
 #: level, on the same packed weight: on an AVX-512-BF16 CPU the AVX-512
 #: (FMA) kernels, since which of vdpbf16ps and the FMA wins depends on the
 #: CPU (vdpbf16ps at the FMA's instruction rate on Zen 4 and 5, at half of it
-#: on Intel's).  They sum in another order: a tuned choice of one of them
-#: gives bfloat16 rows other last bits, which can then depend on M.
-TUNED_WITH = {"avx512_bf16": ("avx512",)}
+#: on Intel's); on an AMX CPU both, since the M from which the tile kernels
+#: (which pack x first, and for int4 sum its groups) overtake them depends
+#: on the shape and the CPU.  They sum in another order: a tuned choice of
+#: one of them gives rows other last bits, which can then depend on M.
+TUNED_WITH = {"avx512_bf16": ("avx512",), "amx": ("avx512_bf16", "avx512")}
 
 
 def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:

@@ -441,9 +441,10 @@ def test_threads_calling_a_layer_share_one_widened_copy():
 
 def test_avx512_bf16_candidates_include_the_avx512_kernels(monkeypatch):
     """On an AVX-512-BF16 CPU the tuner times the AVX-512 FMA kernels
-    beside the vdpbf16ps ones (tuning.TUNED_WITH), on the same packed
-    layout; no other level joins, and no other static level gains any.
-    Every compiled kernel is made available, as on such a CPU."""
+    beside the vdpbf16ps ones (tuning.TUNED_WITH), on an AMX CPU both
+    beside the tile kernels, on the same packed layout; no other level
+    joins, and no other static level gains any. Every compiled kernel is
+    made available, as on such a CPU."""
     import dataclasses
 
     monkeypatch.setattr(qkern.dispatch, "REGISTRY",
@@ -460,6 +461,16 @@ def test_avx512_bf16_candidates_include_the_avx512_kernels(monkeypatch):
         "bfloat16", (32, 2), "avx512_bf16", int8)
     assert names("bfloat16", (32, 1), "avx512_bf16", int4) == {
         "bf16_qb4w_gemm_8x32c1__avx512bf16", "f32_qb4w_gemm_8x32c1__avx512"}
+    if any(k.isa == "amx" for k in qkern.dispatch.REGISTRY):  # the compiler built AMX
+        assert names("bfloat16", (32, 1), "amx", int4) == {
+            "bf16_qb4w_gemm_8x32c1__avx512bf16", "f32_qb4w_gemm_8x32c1__avx512",
+            "tile_qb4w_gemm_32x32c1__amx", "tilew_qb4w_gemm_32x32c1__amx"}
+        assert names("float32", (32, 1), "amx", int4) == {
+            "f32_qb4w_gemm_8x32c1__avx512", "tile_qb4w_gemm_32x32c1__amx",
+            "tilew_qb4w_gemm_32x32c1__amx"}
+        assert names("bfloat16", (32, 2), "amx", int8) == {
+            k.name for k in qkern.dispatch.REGISTRY if k.layout == (32, 2)
+            and k.isa not in ("ref", "avx2") and k.weight_format == int8}
     assert names("float32", (32, 2), "avx512", int8) == {
         "f32_gemm_1x32c2__avx512", "f32_gemm_4x32c2__avx512", "f32_gemm_6x32c2__avx512"}
     assert names("bfloat16", (16, 1), "avx2", int8) == {
