@@ -170,7 +170,8 @@ typedef enum qk_woq_format {
  *   (columns 0..15) and a shift (columns 16..31).
  *
  * Order of the sums (bit for bit; every int4 kernel of one compute, named
- * by its prefix): per group g, p = sum x[k] * q[k] from 0 (the steps
+ * by its prefix, a "w" after its first part marking the same compute on
+ * widened panels): per group g, p = sum x[k] * q[k] from 0 (the steps
  * below, in increasing k), and xs = sum x[k] (fp32 adds from 0 in
  * increasing k, computed by the driver, qk_woq_group_sums); then, g by g,
  * acc = fma(p, s, acc), acc = fma(xs, z', acc) from acc = 0, where

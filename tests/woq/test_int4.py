@@ -28,9 +28,11 @@ REFERENCE = "f32_qb4w_gemm_4x32c1__ref"
 
 
 def _compute(kern):
-    """The compute of an int4 kernel, its name up to ``_gemm``: kernels of
-    one compute sum in one order (include/qkern/woq.h)."""
-    return kern.name.split("_gemm_")[0]
+    """The compute of an int4 kernel, its name up to ``_gemm``, without the
+    ``w`` of a kernel on widened panels (``tilew_qb4w`` is ``tile_qb4w``):
+    kernels of one compute sum in one order (include/qkern/woq.h)."""
+    head, _, tail = kern.name.split("_gemm_")[0].partition("_")
+    return f"{head[:-1] if kern.widened else head}_{tail}"
 
 
 def _problem(rng, m, n, k, group_size, dtype, bias=True):
