@@ -11,8 +11,9 @@ beforehand and kept by the layer, when its bytes fit the layer's
 ``memory_budget`` (:class:`~qkern.WoqLinear`). The search starts from the static
 rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
-the kernel (of the static choice's ISA level, and on an AVX-512-BF16 CPU
-also of the AVX-512 level: :data:`TUNED_WITH`), then the thread count, the
+the kernel (of the static choice's ISA level, on an AVX-512-BF16 CPU also
+of the AVX-512 level, and on an AMX CPU of both: :data:`TUNED_WITH`), then
+the thread count, the
 split, the chunk size, the rows per task and, for K-block kernels, the K
 block, and tries the widened copy for the kernels that read one (which
 must then beat the best candidate on the packed weight by 5 %, side by

@@ -39,7 +39,11 @@
  * roundup(Kp/kr, 16) * nr * kr * widened_bytes bytes.  The driver widens a
  * chunk at a time into a per-thread buffer; a caller may instead widen the
  * whole weight once (qk_woq_widen_weight(): every panel, the partial last
- * one padded) and run on that copy (qk_woq_gemm_widened()).
+ * one padded) and run on that copy (qk_woq_gemm_widened()).  The int4
+ * K-block kernels' widened panels (packed int4 layout, below) are the
+ * same AMX B-tile rows: per pair of k (k, k + 1), the 16 (q[k], q[k+1])
+ * bf16 pairs of columns 0..15, then of columns 16..31, 128 bytes a pair,
+ * 64 bytes per k; the driver widens them K block by K block.
  *
  * Packed x (for kernels with a pack_x function: the K-block kernels, int8
  * and int4; MR = 32): x as bf16 planes
@@ -217,7 +221,9 @@ typedef void (*qk_woq_int4_ukernel_fn)(size_t mr, size_t nc, size_t kc, size_t g
  *   xs         the group sums of row 0 (qk_woq_group_sums of f32(x)) from
  *              the block's first group; row i's xs_stride floats further
  *   w          packed int4 panels from the block's first k-row of the
- *              first panel, panels w_panel_stride bytes apart
+ *              first panel (for a kernel with a widen function: the
+ *              block's panels widened, 64 bytes per k), panels
+ *              w_panel_stride bytes apart
  *   sz         scales_and_zeros at the block's first group and column 0 of
  *              this call, groups sz_stride bytes apart (as for
  *              qk_woq_int4_ukernel_fn)
@@ -322,7 +328,7 @@ typedef struct qk_woq_kernel {
   qk_woq_kblock_fn kblock; /* QK_WOQ_KBLOCK */
   /* QK_WOQ_INT4_GROUPWISE (nr = 32, kr = 1, with convert_x, which then
    * also takes f32 rows): int4_fn for kind QK_WOQ_PANELS, int4_kblock
-   * (with pack_x) for QK_WOQ_KBLOCK */
+   * (with pack_x, and a widen function or none) for QK_WOQ_KBLOCK */
   qk_woq_int4_ukernel_fn int4_fn;
   qk_woq_int4_kblock_fn int4_kblock;
 } qk_woq_kernel;

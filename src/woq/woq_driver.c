@@ -17,15 +17,17 @@
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
  * each block of `rows` rows (2048 by default) are packed first (by all
  * threads, a row each) into one shared buffer; a task is then that row
- * block times a chunk of columns (8 panels, 256 columns, by default;
- * threads split the chunks, never the rows), walked in blocks of `k_block`
- * k (1024): the chunk's B for one K block (widened: 512 KiB) stays in L2
- * while every 32-row step of the row block adds its products into the
- * thread's f32 sums (one K block at a time, in order, so each output is
- * still one sum over K in a fixed order), and the last K block writes y.
- * An int4 K-block kernel reads its packed int4 panels as they are, in K
- * blocks of whole groups, and the group sums of each row, computed with
- * the packing (from x converted to f32, a row at a time per thread).
+ * block times a chunk of columns (int8: 8 panels, 256 columns, by default;
+ * int4: 4 panels; at most a thread's share of the panels: threads split
+ * the chunks, never the rows), walked in blocks of `k_block` k (1024): the
+ * chunk's B for one K block (widened: 512 KiB for int8, 256 KiB for int4)
+ * stays in L2 while every 32-row step of the row block adds its products
+ * into the thread's f32 sums (one K block at a time, in order, so each
+ * output is still one sum over K in a fixed order), and the last K block
+ * writes y.  An int4 K-block kernel reads its packed int4 panels (or, with
+ * a widen function, the block widened) in K blocks of whole groups, and
+ * the group sums of each row, computed with the packing (from x converted
+ * to f32, a row at a time per thread).
  *
  * Every thread runs its share under the floating-point environment of
  * qkern/fpenv.h, whatever its caller set.
