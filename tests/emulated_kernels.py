@@ -193,6 +193,8 @@ def library() -> ctypes.CDLL:
     getattr(handle, PACK_X).argtypes = _PACK_X_ARGS
     handle.qk_test_kernel.argtypes = [ctypes.c_char_p]
     handle.qk_test_kernel.restype = ctypes.c_void_p
+    handle.qk_woq_widened_panel_size.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    handle.qk_woq_widened_panel_size.restype = ctypes.c_size_t
     common = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]  # x_stride, x_offsets, weight
     handle.qk_woq_gemm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 3 + [
         ctypes.c_int, ctypes.c_void_p, *common, ctypes.c_void_p, ctypes.c_void_p,
@@ -256,8 +258,7 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
         a, first, last = packed_x.ctypes.data + k0 // 32 * chunk, k0 == 0, k0 + kc >= k
         w, w_stride = panels.ctypes.data + k0 * (16 if group_size else nr), panel_bytes
         if kern.widened:
-            groups_k = -(-kc // kr)  # k-groups, padded to a tile's 16 (include/qkern/woq.h)
-            w_stride = -(-groups_k // 16) * 16 * nr * kr * kern.widened_bytes
+            w_stride = lib.qk_woq_widened_panel_size(_driver_args(kern, None)[0], kc)
             wide = aligned_empty(n_panels * w_stride)
             for q in range(n_panels):
                 getattr(lib, widen_symbol(kern))(w + q * panel_bytes, 1, kc,

@@ -64,6 +64,22 @@ QK_INLINE void qk512_qb4w_widen_pair(const uint8_t* row, __m512i pairs, __m512i 
   *q1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
 }
 
+/* `pairs_count` pairs of packed int4 k-rows from rows (32 bytes a pair)
+ * -> the rows of the AMX B tiles, 128 bytes a pair at dst: the (q[k],
+ * q[k+1]) bf16 pairs of columns 0..15, then of columns 16..31 (the widened
+ * layout of include/qkern/woq.h). */
+QK_INLINE void qk512_qb4w_widen_rows(const uint8_t* rows, size_t pairs_count, char* dst) {
+  const __m512i pairs = _mm512_load_si512(qk512_qb4w_pair_rows);
+  const __m512i table = _mm512_load_si512(qk512_qb4w_bf16_of_q);
+  for (size_t j = 0; j < pairs_count; j++, rows += 32, dst += 128) {
+    if (j % 2 == 0) _mm_prefetch((const char*)rows + QK_PREFETCH_BYTES, _MM_HINT_T0);
+    __m512i q0, q1;
+    qk512_qb4w_widen_pair(rows, pairs, table, &q0, &q1);
+    _mm512_storeu_si512(dst, q0);
+    _mm512_storeu_si512(dst + 64, q1);
+  }
+}
+
 /* Prefetches the scales and zeros of groups g .. g + GS - 1 of P panels
  * from panel p0. */
 QK_INLINE void qk512_qb4w_prefetch_params(const size_t P, const size_t GS, const qk_dtype DT,

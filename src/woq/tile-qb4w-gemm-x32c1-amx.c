@@ -17,11 +17,12 @@
  *                  1 KiB contiguous in packed x
  *   B  tmm6, tmm7  16 pairs (k, k + 1) x columns 0..15 / 16..31 of
  *                  bf16(q), exact: a pair of the panel's 16-byte rows
- *                  widens to one row of each (qk512_qb4w_widen_pair, as
- *                  the vdpbf16ps kernel widens it), built in a buffer --
- *                  or, for tilew, loaded straight from the widened panel
- *                  (2 KiB per 32 k); each B tile serves every plane and
- *                  both row halves
+ *                  widens to one row of each (qk512_qb4w_widen_rows, as
+ *                  the vdpbf16ps kernel widens a pair), into a 2 KiB
+ *                  buffer in the widened layout -- or, for tilew, loaded
+ *                  straight from the widened panel, the same 2 KiB per
+ *                  32 k; each B tile serves every plane and both row
+ *                  halves
  *
  * Loops: group by group, and within a group panel by panel, so that the
  * group's A tiles (group_size / 32 chunks of 1 to 3 planes, 2 KiB each)
@@ -41,19 +42,6 @@
 #include "qb4w-avx512.h"
 #include "qkern/woq_ukernels.h"
 #include "tiles-amx.h"
-
-/* The 32 k-rows of one chunk of a panel (16 bytes each, from rows) ->
- * the rows of the two B tiles, bbuf[0] columns 0..15, bbuf[1] 16..31. */
-QK_INLINE void widen_b(const uint8_t* rows, __m512i pairs, __m512i table,
-                       uint16_t bbuf[2][16][32]) {
-  for (size_t j = 0; j < 16; j++) {
-    if (j % 2 == 0) _mm_prefetch((const char*)rows + 32 * j + QK_PREFETCH_BYTES, _MM_HINT_T0);
-    __m512i q0, q1;
-    qk512_qb4w_widen_pair(rows + 32 * j, pairs, table, &q0, &q1);
-    _mm512_store_si512(bbuf[0][j], q0);
-    _mm512_store_si512(bbuf[1][j], q1);
-  }
-}
 
 /* The partial sums of one group and panel (p: 32 rows of 32 f32, of which
  * rows < mr are set) applied to the panel's sums in acc (rows ld floats
@@ -89,9 +77,7 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
   const size_t groups = kc / group_size, chunks = group_size / 32; /* groups: multiples of 32 */
   const size_t panels = (nc + 31) / 32, ld = 32 * panels;          /* acc: rows ld floats apart */
   const int two = mr > 16;
-  const __m512i pairs = _mm512_load_si512(qk512_qb4w_pair_rows);
-  const __m512i table = _mm512_load_si512(qk512_qb4w_bf16_of_q);
-  uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
+  char bbuf[2048] __attribute__((aligned(64))); /* one chunk's B rows, widened here */
   float p[32][32] __attribute__((aligned(64)));
   if (first)
     for (size_t i = 0; i < mr; i++) memset(acc + i * ld, 0, ld * sizeof(float));
@@ -105,17 +91,16 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
       _tile_zero(QK_TILE_C10);
       _tile_zero(QK_TILE_C11);
       for (size_t ch = 0; ch < chunks; ch++) {
-        if (PREWIDENED) {
-          QK_ASAN_CHECK(wg + 2048 * ch, 2048, 0);
-          _tile_loadd(QK_TILE_B0, wg + 2048 * ch, 128);
-          _tile_loadd(QK_TILE_B1, wg + 2048 * ch + 64, 128);
-        } else {
-          widen_b(wg + 512 * ch, pairs, table, bbuf);
+        const char* b = (const char*)wg + 2048 * ch;
+        if (!PREWIDENED) {
+          qk512_qb4w_widen_rows(wg + 512 * ch, 16, bbuf);
           QK_MEMORY_BARRIER();
-          _tile_loadd(QK_TILE_B0, bbuf[0], 64);
-          _tile_loadd(QK_TILE_B1, bbuf[1], 64);
-          QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
+          b = bbuf;
         }
+        QK_ASAN_CHECK(b, 2048, 0);
+        _tile_loadd(QK_TILE_B0, b, 128);
+        _tile_loadd(QK_TILE_B1, b + 64, 128);
+        QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
         qk_tile_dpbf16ps_chunk(at + (g * chunks + ch) * planes * 2048, planes, mr);
       }
       _tile_stored(QK_TILE_C00, p[0], 128);
