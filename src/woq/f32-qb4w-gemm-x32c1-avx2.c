@@ -24,49 +24,10 @@
  * one; with the weight in DRAM the last is as fast as before).
  */
 #include <immintrin.h>
-#include <string.h>
 
 #include "io-avx2.h"
+#include "qb4w-avx2.h"
 #include "qkern/woq_ukernels.h"
-
-/* The scales s and z' = fma(-8, s, z) of 8 columns, from their 8 (s, z)
- * pairs at p, of dtype DT. */
-QK_INLINE void load_params8(const char* p, qk_dtype DT, __m256* s, __m256* zp) {
-  __m256 a, b; /* a = s0 z0 s1 z1 | s2 z2 s3 z3, b: pairs 4..7 */
-  if (DT == QK_F32) {
-    a = _mm256_loadu_ps((const float*)p);
-    b = _mm256_loadu_ps((const float*)p + 8);
-  } else {
-    const __m128i h0 = _mm_loadu_si128((const __m128i*)p);
-    const __m128i h1 = _mm_loadu_si128((const __m128i*)(p + 16));
-    if (DT == QK_F16) {
-      a = _mm256_cvtph_ps(h0);
-      b = _mm256_cvtph_ps(h1);
-    } else {
-      a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
-      b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
-    }
-  }
-  /* s0 s1 s4 s5 | s2 s3 s6 s7, then the 64-bit quarters in order 0 2 1 3 */
-  const __m256 s_mixed = _mm256_shuffle_ps(a, b, 0x88), z_mixed = _mm256_shuffle_ps(a, b, 0xdd);
-  *s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s_mixed), 0xd8));
-  const __m256 z = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z_mixed), 0xd8));
-  *zp = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *s, z);
-}
-
-/* load_params8 for columns col..col+7 of a row of pairs, reading none at
- * or beyond column nc (those get zeros). */
-QK_INLINE void load_params(const char* row, size_t col, size_t nc, qk_dtype DT, __m256* s,
-                           __m256* zp) {
-  const size_t pair = DT == QK_F32 ? 8 : 4;
-  if (col + 8 <= nc) {
-    load_params8(row + col * pair, DT, s, zp);
-    return;
-  }
-  char tmp[8 * 8] __attribute__((aligned(32))) = {0};
-  if (col < nc) memcpy(tmp, row + col * pair, (nc - col) * pair);
-  load_params8(tmp, DT, s, zp);
-}
 
 /* One k of GS groups: per group s, the 16-byte rows at wk + s *
  * group_bytes (and, for H > 2, panel_bytes further) widened and multiplied
@@ -138,7 +99,7 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t H, const size_t GS, con
 #pragma GCC unroll 8
     for (size_t v = 0; v < 2 * H; v++) {
       __m256 sc, zp;
-      load_params(row, col[v / 2][v % 2], nc, DT, &sc, &zp);
+      qk256_qb4w_load_params(row, col[v / 2][v % 2], nc, DT, &sc, &zp);
 #pragma GCC unroll 6
       for (size_t i = 0; i < MR; i++) {
         __m256* a = &acc[i * 2 * H + v];
