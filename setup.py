@@ -47,7 +47,7 @@ ISA_LIBRARIES = [
         "_mm256_setzero_ps()); (void)v;",
         ["src/woq/f32-gemm-x16c1-avx2.c", "src/woq/f32-gemv-x1c0-avx2.c",
          "src/woq/f32-qb4w-gemm-x32c1-avx2.c", "src/woq/convert-x-avx2.c",
-         "src/woq/widen-x16c1-avx2.c",
+         "src/woq/widen-x16c1-avx2.c", "src/woq/dequant-x32c1-avx2.c",
          "src/roofline/peak-vfmadd231ps-avx2.c"],
     ),
     (

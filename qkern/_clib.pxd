@@ -60,6 +60,8 @@ cdef extern from "qkern/woq.h":
     ctypedef void (*qk_woq_int4_ukernel_fn)(size_t, size_t, size_t, size_t, const float* const*,
                                             qk_dtype, const uint8_t*, const void*, size_t,
                                             const float*, void*, Py_ssize_t) noexcept nogil
+    ctypedef void (*qk_woq_dequantize_fn)(const uint8_t*, size_t, size_t, size_t, const void*,
+                                          size_t, qk_dtype, size_t, float*) noexcept nogil
 
     ctypedef enum qk_woq_kind:
         QK_WOQ_PANELS
@@ -100,6 +102,7 @@ cdef extern from "qkern/woq.h":
         qk_woq_pack_x_fn pack_x
         qk_woq_convert_x_fn convert_x
         qk_woq_int4_ukernel_fn int4_fn
+        qk_woq_dequantize_fn dequantize
 
     const qk_woq_kernel qk_woq_kernels[]
     const size_t qk_woq_num_kernels

@@ -38,6 +38,7 @@ def registry():
             "flushes_subnormals": bool(e.traits & QK_TRAIT_FLUSHES_SUBNORMALS),
             "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
             "widened": e.widen != NULL, "widened_bytes": e.widened_bytes,
+            "dequantizes": e.dequantize != NULL,
             "converts_x": e.convert_x != NULL,
             "bound_by": e.bound_by.decode(),
             "blocking": (e.blocking.rows, e.blocking.chunk_bytes, e.blocking.k_block,
@@ -334,7 +335,9 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
     here, as the driver computes them) times ``nc`` columns of whole packed
     int4 ``panels``, with ``sz`` (C-contiguous ``(kc / group_size, nc, 2)``,
     dtype code ``dtype``, also ``c``'s) into ``c`` (rows ``c_stride`` bytes
-    apart), under the kernels' floating-point environment.  ValueError for
+    apart), under the kernels' floating-point environment; for a kernel
+    that reads dequantized panels, ``panels`` are dequantized first, as the
+    driver dequantizes a chunk.  ValueError for
     a short array, ``mr`` outside 1..MR, ``nc`` = 0, a group size the
     kernel does not take, or a K-block kernel (which has no single call);
     ``c`` is not checked.
@@ -369,10 +372,23 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
     cdef const void* szp = cnp.PyArray_DATA(sz)
     cdef size_t sz_stride = nc * 2 * sz.itemsize
     cdef const uint8_t* wp = &panels[0] if panels.shape[0] else NULL
+    # a dequantizing kernel reads the f32 panels the driver would write
+    cdef size_t panel_count = (nc + 31) // 32, wide_bytes = 0
+    cdef float* wide = NULL
+    if kern.dequantize != NULL:
+        wide_bytes = panel_count * 2 * ((kc + 15) // 16 * 16) * 16 * sizeof(float)
+        wide = <float*>malloc(wide_bytes + 64)
+        if wide == NULL:
+            free(rows_f32)
+            raise MemoryError()
     cdef qk_fpenv saved
     try:
         with nogil:
             saved = qk_fpenv_enter()
+            if wide != NULL:
+                kern.dequantize(wp, panel_count, kc, group_size, szp, sz_stride, <qk_dtype>dtype,
+                                nc, wide)
+                wp = <const uint8_t*>wide
             for i in range(mr):
                 if kc:
                     memcpy(rows_f32 + i * row_floats, &x[i, 0], kc * sizeof(float))
@@ -384,3 +400,4 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
             qk_fpenv_leave(saved)
     finally:
         free(rows_f32)
+        free(wide)

@@ -33,6 +33,14 @@ PASS_OVERHEAD_ROWS = 2
 # only adds work; the tuner may still pick it.
 WIDENED_IN_STATIC_RULE = ("amx",)
 
+# The M from which the static rule takes a level's kernel on int4 weights
+# the driver dequantizes to float32 (compute f32dq_qb4w), where many rows
+# share each dequantized chunk and no group sums are left.  Measured on a
+# Zen 3 against f32_qb4w (4096² and 11008 x 4096, groups of 128, float32,
+# its time over f32_qb4w's): 1.12-1.37 at M <= 16, 0.98-1.05 at 24 and 32,
+# 0.92-0.95 at 48 and 64, 0.87-0.92 at 128 and 256, on one and two threads.
+DEQUANTIZED_FROM_M = 48
+
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
 
@@ -233,8 +241,13 @@ class Kernel:
         copy a :class:`~qkern.WoqLinear` keeps within its ``memory_budget``
         (:doc:`/tuning`). Worth it when many rows share each chunk.
     widened_bytes : int
-        Bytes per widened weight value (2: bf16, 4: float32); 0 when not
-        ``widened``.
+        Bytes per widened weight value (2: bf16, 4: float32); 0 when
+        neither ``widened`` nor ``dequantizes``.
+    dequantizes : bool
+        Whether it reads int4 weights the driver dequantized to float32,
+        once per chunk of columns and row block (compute ``f32dq_qb4w``,
+        :doc:`/int4`): a sum over all of K without group sums, worth it
+        when many rows share each chunk.
     converts_x : bool
         Whether it reads the rows of x in float32 whatever their dtype: the
         driver converts float16/bfloat16 rows once per row block and
@@ -264,6 +277,7 @@ class Kernel:
     splits_x: bool
     widened: bool
     widened_bytes: int
+    dequantizes: bool
     converts_x: bool
     bound_by: str
     blocking: Blocking
@@ -374,7 +388,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     packed layout) wins.  Within it, on the levels of
     ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
     ``m`` needs more than one of its row blocks (the widening is then
-    shared, and a partial last block costs only its rows); otherwise the
+    shared, and a partial last block costs only its rows), and on any level
+    a kernel on dequantized int4 weights from ``DEQUANTIZED_FROM_M``
+    rows; otherwise the
     kernel on packed panels with the fewest row-passes' worth of work,
     ``ceil(m / MR) * (MR + PASS_OVERHEAD_ROWS)`` (the narrower on a tie).
     For the weight formats of ``KBLOCK_ABOVE_ONE_ROW_BLOCK``, a level that
@@ -399,8 +415,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
             top = levels[1]
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
     widened = [k for k in cands
-               if k.widened and m > k.mr and k.isa in WIDENED_IN_STATIC_RULE]
-    packed = [k for k in cands if not k.widened] or cands
+               if (k.widened and m > k.mr and k.isa in WIDENED_IN_STATIC_RULE)
+               or (k.dequantizes and m >= DEQUANTIZED_FROM_M)]
+    packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands
     if widened:
         kern = widened[-1]
     else:

@@ -48,12 +48,14 @@ def int4_bound_traits(dtype) -> dict:
     """The arguments of the int4 bound (tests/reference.py) that cover
     every int4 kernel this process may run for ``dtype``: ``daz`` where one
     flushes subnormals (``bf16_qb4w``, ``tile_qb4w``), ``planes`` the most
-    bf16 planes one splits x into (``tile_qb4w``)."""
+    bf16 planes one splits x into (``tile_qb4w``), ``dequantized`` where one
+    sums dequantized weights (``f32dq_qb4w``)."""
     name = np.dtype(dtype).name
     kernels = [k for k in qkern.kernels()
                if k.available and name in k.dtypes and k.weight_format == qkern.dispatch.INT4]
     return {"daz": any(k.flushes_subnormals for k in kernels),
-            "planes": max(k.planes(dtype) for k in kernels)}
+            "planes": max(k.planes(dtype) for k in kernels),
+            "dequantized": any(k.dequantizes for k in kernels)}
 
 
 def kernel_params(weight_format: str = "int8_per_channel"):

@@ -190,6 +190,17 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # 2**-7 + 2**-14)) sums P g exact products in its own order: P g in place
 # of g in the roundings and the flushes above, and the x_k q_k part of T
 # grown by that factor (step 7 of the int8 analysis).
+# A kernel on dequantized weights (f32dq_qb4w, dequantized) sums no groups:
+# w^ = fma(q, s, z'^) with z'^ = z' rounded once, so
+# |w^ - w| <= (2u + u^2)(q |s| + |z'|) + 3 * 2**-150, then one FMA chain of
+# K steps, |acc - sum x_k w^_k| <= gamma_K sum |x_k| |w^_k| + K 2**-150
+# (each step may round in the subnormal range; its products are not
+# multiples of x's spacing), then + b: with (1 + gamma_K)(1 + u)^2 <=
+# 1 + gamma_{K+2},
+#   |v - y*| <= gamma_{K + 3} * (T + |b|) + (K + 1) 2**-150
+#               + 4 * 2**-150 * sum_k |x_k|,
+# the same T; the bound takes the larger step count of the two analyses
+# and both absolute terms, so that it covers either compute.
 
 
 def int4_dequantize(q, sz, group_size):
@@ -205,9 +216,11 @@ def int4_reference(x, q, sz, group_size, bias=None):
     return y if bias is None else y + np.asarray(bias).astype(np.float64)
 
 
-def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1):
+def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1,
+               dequantized: bool = False):
     """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
-    kernel that flushes subnormals, ``planes``: bf16 planes per x)."""
+    kernel that flushes subnormals, ``planes``: bf16 planes per x,
+    ``dequantized``: for a kernel on dequantized weights too)."""
     dtype = np.dtype(dtype)
     x_abs = np.abs(np.asarray(x).astype(np.float64))
     groups = np.asarray(sz).shape[0]
@@ -219,21 +232,27 @@ def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int
     big_t = (growth * (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T)
              + x_abs @ np.repeat(zp.T, group_size, axis=1).T)
     steps = planes * group_size + 2 * groups + 2
+    k = groups * group_size
+    if dequantized:
+        steps = max(steps, k + 3)
     gamma = steps * U32 / (1 - steps * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
     e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
+    if dequantized:
+        e32 = e32 + (k + 1) * 2.0**-150 + 4 * 2.0**-150 * x_abs.sum(axis=-1, keepdims=True)
     if daz:
         e32 = e32 + 16 * planes * group_size * 2.0**-126 * s.sum(axis=0)
     y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 
 
-def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1):
+def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1,
+                      dequantized=False):
     """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*."""
     dtype = np.dtype(np.asarray(x).dtype)
     assert y.dtype == dtype, (y.dtype, dtype)
     ref = int4_reference(x, q, sz, group_size, bias)
-    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes)
+    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized)
     assert y.shape == ref.shape, (y.shape, ref.shape)
     err = np.abs(y.astype(np.float64) - ref)
     bad = ~(err <= tol)  # NaN fails

@@ -124,6 +124,16 @@ typedef void (*qk_woq_kblock_fn)(size_t mr, size_t nc, size_t kc, const void* a,
 /* Widens `panels` packed panels of kc k-values into the widened layout. */
 typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);
 
+/* Dequantizes `panels` packed int4 panels of kc k-values (whole groups of
+ * group_size; scales_and_zeros sz at their group 0 and first column,
+ * groups sz_stride bytes apart, pairs of dtype dt, nothing read at or
+ * beyond column nc) into f32 panels: two of 16 columns per int4 panel,
+ * each roundup(kc, 16) * 64 bytes, the widened f32 layout of nr = 16,
+ * w = fma(q, s, fma(-8, s, z)); 0 beyond column nc. */
+typedef void (*qk_woq_dequantize_fn)(const uint8_t* packed, size_t panels, size_t kc,
+                                     size_t group_size, const void* sz, size_t sz_stride,
+                                     qk_dtype dt, size_t nc, float* out);
+
 /* Packs one row of kc activations into packed x (layout above): chunk c of
  * plane p at out + c * chunk_stride + p * 2048 bytes (out: the row's first
  * 64 bytes within its group; chunk_stride = P * 2048). */
@@ -190,6 +200,11 @@ typedef enum qk_woq_format {
  *              chunk, each tdpbf16ps adding its 16 pairs in the tile's own
  *              order (Intel's SDM gives k then k + 1, pair by pair; the
  *              silicon's order is its own), with the same flushes.
+ * One compute has no group sums:
+ *   f32dq_qb4w each weight dequantized once, w = fma(q, s, z') (f32, one
+ *              rounding, by the driver: qk_woq_dequantize_fn); acc = sum
+ *              x[k] * w[k], an fp32 FMA chain over all of K from 0 in
+ *              increasing k; y = acc + bias.
  */
 
 /* A kernel on int4 groupwise panels (QK_WOQ_INT4_GROUPWISE) computes y for
@@ -199,7 +214,8 @@ typedef enum qk_woq_format {
  *   a       mr row pointers, each to kc f32 values of x followed by their
  *           kc / group_size group sums (qk_woq_group_sums)
  *   dt      the dtype of y and of scales_and_zeros
- *   w       packed int4 panels (layout above) from the first column
+ *   w       packed int4 panels (layout above) from the first column; for
+ *           a kernel with a dequantize function, the panels it wrote
  *   sz      scales_and_zeros at group 0, column 0 of this call: nc (s, z)
  *           pairs of dtype dt per group, groups sz_stride bytes apart
  *           (nothing beyond column nc is read)
@@ -331,6 +347,10 @@ typedef struct qk_woq_kernel {
    * (with pack_x, and a widen function or none) for QK_WOQ_KBLOCK */
   qk_woq_int4_ukernel_fn int4_fn;
   qk_woq_int4_kblock_fn int4_kblock;
+  /* QK_WOQ_INT4_GROUPWISE, kind QK_WOQ_PANELS: NULL, or int4_fn reads f32
+   * panels (widened_bytes = 4) that the driver dequantizes with it once
+   * per task, as it widens for `widen` */
+  qk_woq_dequantize_fn dequantize;
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */

@@ -51,6 +51,8 @@ QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref)
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2)
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512)
 QK_DECLARE_INT4_UKERNEL(qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16)
+/* compute "f32dq_qb4w": f32 FMAs over weights the driver dequantized */
+QK_DECLARE_INT4_UKERNEL(qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2)
 
 /* K-block kernels on int4 groupwise weights and packed x
  * (qk_woq_int4_kblock_fn); compute "tile_qb4w": AMX tile products of the
@@ -69,6 +71,12 @@ QK_DECLARE_INT4_KBLOCK(qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx)
 void qk_woq_widen_x16c1__avx2(const int8_t* packed, size_t panels, size_t kc, void* out);
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 void qk_woq_widen_x32c1__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
+
+/* Dequantizing functions (qk_woq_dequantize_fn),
+ * src/woq/dequant-x<NR>c<KR>-<isa>.c. */
+void qk_woq_dequant_x32c1__avx2(const uint8_t* packed, size_t panels, size_t kc, size_t group_size,
+                                const void* sz, size_t sz_stride, qk_dtype dt, size_t nc,
+                                float* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
 void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);

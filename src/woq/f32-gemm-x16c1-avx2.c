@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include "io-avx2.h"
+#include "qkern/woq_ukernels.h"
 
 QK_INLINE __m256 i8_to_f32(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
@@ -52,19 +53,23 @@ QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, co
       }
     }
   }
-  /* scale and bias hold whole panels.  Unrolled so that the sums are
+  /* scale (NULL: none, y = sum + bias) and bias hold whole panels.  Unrolled so that the sums are
    * indexed by constants only and stay in registers through the k loop
    * (GCC otherwise stores them to the stack on every k for bf16 y). */
 #pragma GCC unroll 4
   for (size_t p = 0; p < P; p++) {
     const size_t col = n0 + 16 * p, count = nc - col;
-    const __m256 s0 = _mm256_loadu_ps(scale + col), s1 = _mm256_loadu_ps(scale + col + 8);
+    const __m256 s0 = scale ? _mm256_loadu_ps(scale + col) : _mm256_setzero_ps();
+    const __m256 s1 = scale ? _mm256_loadu_ps(scale + col + 8) : _mm256_setzero_ps();
     const __m256 b0 = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
     const __m256 b1 = bias ? _mm256_loadu_ps(bias + col + 8) : _mm256_setzero_ps();
 #pragma GCC unroll 6
     for (size_t i = 0; i < MR; i++) {
-      __m256 v0 = _mm256_mul_ps(acc[p * MR + i][0], s0);
-      __m256 v1 = _mm256_mul_ps(acc[p * MR + i][1], s1);
+      __m256 v0 = acc[p * MR + i][0], v1 = acc[p * MR + i][1];
+      if (scale) {
+        v0 = _mm256_mul_ps(v0, s0);
+        v1 = _mm256_mul_ps(v1, s1);
+      }
       if (bias) {
         v0 = _mm256_add_ps(v0, b0);
         v1 = _mm256_add_ps(v1, b1);
@@ -98,3 +103,25 @@ QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x16c1__avx2, f32_gemm_x16c
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x16c1__avx2, f32_gemm_x16c1, 4)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x16c1__avx2, f32_gemm_x16c1, 6)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32w_gemm_ukernel_6x16c1__avx2, f32w_gemm_x16c1, 6)
+
+/* f32dq_qb4w 6x32c1: the f32w body, without a scale, on the f32 panels the
+ * driver dequantizes from int4 (qk_woq_dequantize_fn: two panels of 16
+ * columns per int4 panel); the groups are in the weights already. */
+void qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2(size_t mr, size_t nc, size_t kc, size_t group_size,
+                                                 const float* const* a, qk_dtype dt,
+                                                 const uint8_t* w, const void* sz, size_t sz_stride,
+                                                 const float* bias, void* c, ptrdiff_t c_stride) {
+  (void)group_size, (void)sz, (void)sz_stride;
+  const void* const* rows = (const void* const*)a;
+  switch (dt) {
+    case QK_F32:
+      x16c1(6, 4, QK_F32, mr, nc, kc, rows, (const int8_t*)w, NULL, bias, c, c_stride);
+      break;
+    case QK_F16:
+      x16c1(6, 4, QK_F16, mr, nc, kc, rows, (const int8_t*)w, NULL, bias, c, c_stride);
+      break;
+    case QK_BF16:
+      x16c1(6, 4, QK_BF16, mr, nc, kc, rows, (const int8_t*)w, NULL, bias, c, c_stride);
+      break;
+  }
+}

@@ -10,9 +10,9 @@
  * element is produced by exactly one micro-kernel call over all of K
  * (K-block kernels, below: by one thread's calls over the K blocks in
  * order), so the bits of y never depend on the number of threads, nor on
- * the blocking.  For a kernel with a widen function, each thread widens its
- * task's chunk once into its own buffer, which every MR-row step then reads
- * from L2.
+ * the blocking.  For a kernel with a widen (int4: dequantize) function,
+ * each thread widens its task's chunk once into its own buffer, which every
+ * MR-row step then reads from L2.
  *
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
  * each block of `rows` rows (2048 by default) are packed first (by all
@@ -133,7 +133,11 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
   size_t n0, nc;
   const int8_t* w = chunk_panels(p, nb, &n0, &nc);
   if (wide) {
-    p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
+    if (p->kern->dequantize)
+      p->kern->dequantize((const uint8_t*)w, ceil_div(nc, p->nr), p->k, p->group_size,
+                          p->sz + n0 * 2 * p->esize, p->sz_stride, p->dt, nc, (float*)wide);
+    else
+      p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
     w = (const int8_t*)wide;
   }
   if (xf && (xf->first != m0 || xf->count != m_end - m0)) {
@@ -270,7 +274,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
    * thread, packed x of one row block) are allocated before any output is
    * written.  The packed weight holds a partial last panel as plain rows
    * (include/qkern/woq.h); the kernels read it padded to a whole panel. */
-  const int widening = kern->widen && !p->widened && k > 0;
+  const int widening = (kern->widen || kern->dequantize) && !p->widened && k > 0;
   const size_t wide_k = packing_x && k > p->k_block ? p->k_block : k;
   const size_t wide_stride =
       widening ? (p->panels_per_chunk * qk_woq_widened_panel_size(kern, wide_k) + 63) / 64 * 64 : 0;
@@ -435,9 +439,11 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
   if (!kern || kern->format != QK_WOQ_INT4_GROUPWISE ||
       !(packing_x ? kern->int4_kblock && kern->pack_x && kern->mr == 32
                   : kern->kind == QK_WOQ_PANELS && kern->int4_fn) ||
-      !kern->convert_x || (kern->widen && (!packing_x || !kern->widened_bytes)) || kern->mr == 0 ||
-      kern->mr > QK_MAX_MR || kern->nr != 32 || kern->kr != 1 || !(kern->dtypes & (1u << dt)) ||
-      group_size == 0 || (kern->group_size && group_size % kern->group_size) || k % group_size ||
+      !kern->convert_x || (kern->widen && (!packing_x || !kern->widened_bytes)) ||
+      (kern->dequantize && (packing_x || kern->widen || kern->widened_bytes != 4)) ||
+      kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr != 32 || kern->kr != 1 ||
+      !(kern->dtypes & (1u << dt)) || group_size == 0 ||
+      (kern->group_size && group_size % kern->group_size) || k % group_size ||
       !blocking_valid(blocking, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;

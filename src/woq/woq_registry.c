@@ -28,6 +28,9 @@
 /* Chunks of 64 KiB of int8 widen to 256 KiB of f32, half the L2 of the
  * smallest AVX2 core measured (512 KiB). */
 #define WIDENED_F32_BLOCKING {256, 64u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
+/* Chunks of 32 KiB of int4 dequantize to 256 KiB of f32 (one panel at
+ * least: 512 KiB at K = 4096, which the kernel streams from L3 as fast). */
+#define DEQUANTIZED_F32_BLOCKING {256, 32u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
 #define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
 /* The int4 K-block kernels: 128 columns of a 1024-k block per chunk (64
  * KiB of int4, 256 KiB widened), so that a 32-row step's f32 sums over the
@@ -65,6 +68,10 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
      "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2},
+    {"f32dq_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
+     "vfmadd231ps ymm", DEQUANTIZED_F32_BLOCKING, .widened_bytes = 4,
+     .convert_x = qk_woq_convert_x__avx2, .int4_fn = qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2,
+     .dequantize = qk_woq_dequant_x32c1__avx2},
 #endif
 #ifdef QKERN_HAVE_AVX512 /* x in f32: the AVX2 conversion (every AVX-512 CPU has AVX2) */
     {"f32_gemm_1x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 1, 32, 2, ALL, INT8, 0,

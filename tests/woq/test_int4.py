@@ -128,7 +128,8 @@ def test_kernel_is_within_the_bound(kern, dtype):
             x, q, sz, b = _problem(rng, m, n, 2 * group_size, group_size, dtype,
                                    bias=m % 2 == 1)
             assert_int4_close(_run_kernel(kern, x, q, sz, group_size, b), x, q, sz, group_size, b,
-                              daz=kern.flushes_subnormals, planes=kern.planes(dtype))
+                              daz=kern.flushes_subnormals, planes=kern.planes(dtype),
+                              dequantized=kern.dequantizes)
 
 
 def test_the_bound_can_fail():
