@@ -82,8 +82,12 @@ def test_registry_traits_agree_with_what_the_kernels_are():
             assert k.kind in ("panels", "kblock") and k.layout == (32, 1), k.name
             assert k.group_size == 32 and k.converts_x, k.name
             assert not k.widened or k.kind == "kblock", k.name
+            # dequantized to float32 by the driver, into a kernel on panels
+            assert not k.dequantizes or (k.kind == "panels" and not k.widened
+                                         and k.widened_bytes == 4), k.name
         else:
             assert k.weight_format == dispatch.INT8 and k.group_size == 0, k.name
+            assert not k.dequantizes, k.name
         assert k.bound_by in peaks, k.name
         assert k.flushes_subnormals == (k.bound_by in ("vdpbf16ps zmm", "tdpbf16ps")), k.name
         assert not k.splits_x or set(k.dtypes) > {"bfloat16"}, k.name
@@ -142,6 +146,26 @@ def test_int4_k_block_kernel_only_above_one_row_block_below(monkeypatch):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
         for m in (1, 8, 9):
             assert dispatch.choose_kernel(dtype, m).isa == "amx"
+
+
+def test_int4_dequantized_kernel_from_its_m(monkeypatch):
+    """On the AVX2 level (every kernel up to it available, as on an AVX2
+    CPU), int4 takes the kernel on dequantized weights from
+    DEQUANTIZED_FROM_M rows and the group-sum kernel below, every dtype."""
+    import dataclasses
+
+    avx2 = qkern.ISA_LEVELS.index("avx2")
+    monkeypatch.setattr(dispatch, "REGISTRY", [
+        dataclasses.replace(k, available=qkern.ISA_LEVELS.index(k.isa) <= avx2)
+        for k in dispatch.REGISTRY])
+    if not any(k.isa == "avx2" for k in dispatch.REGISTRY):
+        pytest.skip("this build has no AVX2 kernel (the compiler lacks AVX2)")
+    edge = dispatch.DEQUANTIZED_FROM_M
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+        for m, want in ((1, "f32_qb4w_gemm_6x32c1__avx2"), (edge - 1, "f32_qb4w_gemm_6x32c1__avx2"),
+                        (edge, "f32dq_qb4w_gemm_6x32c1__avx2"),
+                        (1000, "f32dq_qb4w_gemm_6x32c1__avx2")):
+            assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
 
 
 def test_isa_cap_bad_value_is_a_clear_error():
