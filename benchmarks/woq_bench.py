@@ -4,7 +4,8 @@ qkern's int8 GEMM against NumPy, PyTorch and the inference runtimes with
 cold weights (Table 2, ``peers.py``, for each thread count), its int4 GEMM
 against int8 and the int4 peers (Table 4, ``int4_peers.py``, for each
 thread count), and with ``--torch`` an MLP end to end through PyTorch
-(Table 3, ``mlp.py``, printed before Table 4). ``make bench`` runs it with ``--quick``;
+(Table 3, ``mlp.py``, printed before Table 4); ``--int4-only`` measures
+the roofline and times Table 4 alone. ``make bench`` runs it with ``--quick``;
 ``docs/figures/`` comes from
 
     python benchmarks/woq_bench.py --threads 1,2 --torch \\
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from qkern import bench
+from qkern import bench, roofline
 from qkern.__main__ import add_bench_arguments, output_path
 
 # The sibling modules, found also where Python leaves the script's folder
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--torch", action="store_true",
                         help="also time an end-to-end bfloat16 MLP through PyTorch: "
                              "qkern.torch.swap_linears vs torch._weight_int8pack_mm vs dense")
+    parser.add_argument("--int4-only", action="store_true",
+                        help="measure the roofline, then time the int4 table (Table 4) only")
     parser.add_argument("--plot", type=output_path, metavar="FILE.png",
                         help="also plot %% of roofline and speedups against M (needs matplotlib)")
     return parser
@@ -57,9 +60,13 @@ def main(argv=None) -> int:
         parser.error("--plot needs matplotlib (pip install matplotlib)")
     start = time.perf_counter()
     threads = bench.thread_counts(args.threads)
-    roof, rows = bench.report(threads, args.quick,
-                              notes=[f"torch: {torch_note}", peers.cold_note()])
-    rows += peers.report(threads, args.quick, roof, torch)
+    notes = [f"torch: {torch_note}", peers.cold_note()]
+    if args.int4_only:
+        roof, rows = roofline.measure(tuple(threads)), []
+        print(bench.header(threads, args.quick, roof, notes), end="\n\n", flush=True)
+    else:
+        roof, rows = bench.report(threads, args.quick, notes=notes)
+        rows += peers.report(threads, args.quick, roof, torch)
     if args.torch:
         rows += mlp.report(threads[-1], torch)
     int4_torch = torch if hasattr(torch, "_weight_int4pack_mm_for_cpu") else None
