@@ -48,6 +48,7 @@ ISA_LIBRARIES = [
         ["src/woq/f32-gemm-x16c1-avx2.c", "src/woq/f32-gemv-x1c0-avx2.c",
          "src/woq/f32-qb4w-gemm-x32c1-avx2.c", "src/woq/convert-x-avx2.c",
          "src/woq/widen-x16c1-avx2.c", "src/woq/dequant-x32c1-avx2.c",
+         "src/woq/f32dq-qb4w-gemm-x32c1-avx2.c",
          "src/roofline/peak-vfmadd231ps-avx2.c"],
     ),
     (

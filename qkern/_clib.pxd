@@ -126,6 +126,7 @@ cdef extern from "qkern/woq.h":
                     size_t n, size_t k, qk_dtype dt, const char* x, int64_t x_stride,
                     const int64_t* x_offsets, const int8_t* packed, const float* scale,
                     const float* bias, char* y, int64_t y_stride, int num_threads) nogil
+    size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc) nogil
     size_t qk_woq_widened_size(const qk_woq_kernel* kern, size_t n, size_t k) nogil
     int qk_woq_widen_weight(const qk_woq_kernel* kern, const int8_t* packed, size_t n, size_t k,
                             void* out) nogil

@@ -16,7 +16,8 @@ from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBN
                           qk_woq_int4_pack, qk_woq_int4_packed_size, qk_woq_int4_unpack,
                           qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
                           qk_woq_packed_size, qk_woq_unpack, qk_woq_widen_weight,
-                          qk_woq_widened_size, qk_fpenv, qk_fpenv_enter, qk_fpenv_leave)
+                          qk_woq_widened_panel_size, qk_woq_widened_size,
+                          qk_fpenv, qk_fpenv_enter, qk_fpenv_leave)
 
 cnp.import_array()
 
@@ -376,7 +377,7 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
     cdef size_t panel_count = (nc + 31) // 32, wide_bytes = 0
     cdef float* wide = NULL
     if kern.dequantize != NULL:
-        wide_bytes = panel_count * 2 * ((kc + 15) // 16 * 16) * 16 * sizeof(float)
+        wide_bytes = panel_count * qk_woq_widened_panel_size(kern, kc)
         wide = <float*>malloc(wide_bytes + 64)
         if wide == NULL:
             free(rows_f32)

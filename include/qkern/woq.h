@@ -125,11 +125,12 @@ typedef void (*qk_woq_kblock_fn)(size_t mr, size_t nc, size_t kc, const void* a,
 typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);
 
 /* Dequantizes `panels` packed int4 panels of kc k-values (whole groups of
- * group_size; scales_and_zeros sz at their group 0 and first column,
- * groups sz_stride bytes apart, pairs of dtype dt, nothing read at or
- * beyond column nc) into f32 panels: two of 16 columns per int4 panel,
- * each roundup(kc, 16) * 64 bytes, the widened f32 layout of nr = 16,
- * w = fma(q, s, fma(-8, s, z)); 0 beyond column nc. */
+ * group_size, so kc is a multiple of 32; scales_and_zeros sz at their
+ * group 0 and first column, groups sz_stride bytes apart, pairs of dtype
+ * dt, nothing read at or beyond column nc) into f32 panels: two of 16
+ * columns per int4 panel, each kc * 64 bytes, the widened f32 layout of
+ * nr = 16, w = fma(q, s, fma(-8, s, z)); 0 beyond column nc, and a second
+ * panel wholly beyond nc left unwritten. */
 typedef void (*qk_woq_dequantize_fn)(const uint8_t* packed, size_t panels, size_t kc,
                                      size_t group_size, const void* sz, size_t sz_stride,
                                      qk_dtype dt, size_t nc, float* out);
@@ -211,8 +212,9 @@ typedef enum qk_woq_format {
  * mr <= MR rows and nc columns, panel by panel (the last may be partial):
  *
  *   group_size  k per group (> 0); kc >= 0 is a multiple of it
- *   a       mr row pointers, each to kc f32 values of x followed by their
- *           kc / group_size group sums (qk_woq_group_sums)
+ *   a       mr row pointers, each to kc f32 values of x followed (for a
+ *           kernel without a dequantize function) by their kc / group_size
+ *           group sums (qk_woq_group_sums)
  *   dt      the dtype of y and of scales_and_zeros
  *   w       packed int4 panels (layout above) from the first column; for
  *           a kernel with a dequantize function, the panels it wrote
@@ -335,7 +337,8 @@ typedef struct qk_woq_kernel {
   qk_woq_blocking blocking; /* the default */
   qk_woq_ukernel_fn fn;     /* QK_WOQ_PANELS, QK_WOQ_UNPACKED */
   qk_woq_widen_fn widen;    /* NULL: the kernel reads the packed int8 panels */
-  uint32_t widened_bytes;   /* with widen: bytes per widened value (2, 4) */
+  uint32_t widened_bytes;   /* with widen or dequantize: bytes per widened
+                               value (2, 4) */
   qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x (layout above) */
   /* QK_WOQ_PANELS: NULL, or the kernel reads f32 rows of x whatever dt (dt
    * is then y's dtype only); the driver converts f16 / bf16 rows with it

@@ -4,97 +4,13 @@
  * AVX2 + FMA + F16C.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), packed layout nr = 16,
- * kr = 1, with qk_woq_convert_x_fn: x is read in f32 whatever dt (the
- * driver converts f16 / bf16 rows once; dt is then the output's dtype), so
- * each broadcast of x is one load.  The 16 int8 weights of one k are
- * widened in-register to two vectors of 8 f32 (f32w: loaded as they are
- * from the widened panels, include/qkern/woq.h), shared by the MR rows;
- * fp32 FMA sums.  MR = 4 and 6 keep one sum per row and 8 columns (12 of the 16
- * ymm registers at MR = 6), accumulated in increasing k.  MR = 1 would
- * wait on the FMA latency with two sums, so it runs four panels at once
- * (eight sums; the same order per column).  Epilogue:
- * scale (multiply), bias (add), one rounding to the output dtype.  Rows
- * mr..MR-1 duplicate row mr-1.  Every kernel here sums each column in the
- * same order, so all of them give a row the same bits.
+ * kr = 1, with qk_woq_convert_x_fn.  The body, its order of sums and its
+ * epilogue (scale, bias, one rounding) are x16c1 (gemm-x16c1-avx2.h): every
+ * kernel here sums each column in the same order, so all of them give a
+ * row the same bits.
  */
-#include <immintrin.h>
-
-#include "io-avx2.h"
+#include "gemm-x16c1-avx2.h"
 #include "qkern/woq_ukernels.h"
-
-QK_INLINE __m256 i8_to_f32(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-
-/* Bytes of one panel of kc k values: packed int8 (WB = 1), or widened f32
- * (WB = 4, k padded to a multiple of 16). */
-QK_INLINE size_t panel_bytes(size_t WB, size_t kc) {
-  return WB == 1 ? kc * 16 : (kc + 15) / 16 * 16 * 64;
-}
-
-/* P consecutive panels from column n0 (P * 16 <= nc - n0 + 15) for MR rows,
- * weights of WB bytes: one sum per row and 8 columns, each in increasing k. */
-QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, const qk_dtype DT,
-                            size_t n0, size_t nc, size_t kc, const float* const* ar,
-                            char* const* cr, const int8_t* w, const float* scale,
-                            const float* bias) {
-  __m256 acc[6][2];
-  for (size_t i = 0; i < P * MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (size_t k = 0; k < kc; k++) {
-    for (size_t p = 0; p < P; p++) {
-      const int8_t* wp = w + p * panel_bytes(WB, kc) + k * 16 * WB;
-      if (WB == 4 || (k & 3) == 0) _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-      const __m256 w0 = WB == 1 ? i8_to_f32(wp) : _mm256_loadu_ps((const float*)wp);
-      const __m256 w1 = WB == 1 ? i8_to_f32(wp + 8) : _mm256_loadu_ps((const float*)wp + 8);
-      for (size_t i = 0; i < MR; i++) {
-        const __m256 xv = _mm256_broadcast_ss(ar[i] + k);
-        acc[p * MR + i][0] = _mm256_fmadd_ps(xv, w0, acc[p * MR + i][0]);
-        acc[p * MR + i][1] = _mm256_fmadd_ps(xv, w1, acc[p * MR + i][1]);
-      }
-    }
-  }
-  /* scale (NULL: none, y = sum + bias) and bias hold whole panels.  Unrolled so that the sums are
-   * indexed by constants only and stay in registers through the k loop
-   * (GCC otherwise stores them to the stack on every k for bf16 y). */
-#pragma GCC unroll 4
-  for (size_t p = 0; p < P; p++) {
-    const size_t col = n0 + 16 * p, count = nc - col;
-    const __m256 s0 = scale ? _mm256_loadu_ps(scale + col) : _mm256_setzero_ps();
-    const __m256 s1 = scale ? _mm256_loadu_ps(scale + col + 8) : _mm256_setzero_ps();
-    const __m256 b0 = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
-    const __m256 b1 = bias ? _mm256_loadu_ps(bias + col + 8) : _mm256_setzero_ps();
-#pragma GCC unroll 6
-    for (size_t i = 0; i < MR; i++) {
-      __m256 v0 = acc[p * MR + i][0], v1 = acc[p * MR + i][1];
-      if (scale) {
-        v0 = _mm256_mul_ps(v0, s0);
-        v1 = _mm256_mul_ps(v1, s1);
-      }
-      if (bias) {
-        v0 = _mm256_add_ps(v0, b0);
-        v1 = _mm256_add_ps(v1, b1);
-      }
-      qk256_store_row(cr[i], col, DT, v0, count);
-      if (count > 8) qk256_store_row(cr[i], col + 8, DT, v1, count - 8);
-    }
-  }
-}
-
-QK_INLINE void x16c1(const size_t MR, const size_t WB, const qk_dtype DT, size_t mr, size_t nc,
-                     size_t kc, const void* const* a, const int8_t* w, const float* scale,
-                     const float* bias, void* c, ptrdiff_t c_stride) {
-  const char* rows[6];
-  char* cr[6];
-  qk_clamp_rows(MR, mr, a, c, c_stride, rows, cr);
-  const float* ar[6];
-  for (size_t i = 0; i < MR; i++) ar[i] = (const float*)rows[i];
-  size_t n0 = 0;
-  if (MR == 1) /* four panels at a time: eight independent sums */
-    for (; n0 + 48 < nc; n0 += 64, w += 4 * panel_bytes(WB, kc))
-      x16c1_panels(1, 4, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
-  for (; n0 < nc; n0 += 16, w += panel_bytes(WB, kc))
-    x16c1_panels(MR, 1, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
-}
 
 #define f32_gemm_x16c1(MR, DT, ...) x16c1(MR, 1, DT, __VA_ARGS__)
 #define f32w_gemm_x16c1(MR, DT, ...) x16c1(MR, 4, DT, __VA_ARGS__)
@@ -103,25 +19,3 @@ QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x16c1__avx2, f32_gemm_x16c
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x16c1__avx2, f32_gemm_x16c1, 4)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x16c1__avx2, f32_gemm_x16c1, 6)
 QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32w_gemm_ukernel_6x16c1__avx2, f32w_gemm_x16c1, 6)
-
-/* f32dq_qb4w 6x32c1: the f32w body, without a scale, on the f32 panels the
- * driver dequantizes from int4 (qk_woq_dequantize_fn: two panels of 16
- * columns per int4 panel); the groups are in the weights already. */
-void qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2(size_t mr, size_t nc, size_t kc, size_t group_size,
-                                                 const float* const* a, qk_dtype dt,
-                                                 const uint8_t* w, const void* sz, size_t sz_stride,
-                                                 const float* bias, void* c, ptrdiff_t c_stride) {
-  (void)group_size, (void)sz, (void)sz_stride;
-  const void* const* rows = (const void* const*)a;
-  switch (dt) {
-    case QK_F32:
-      x16c1(6, 4, QK_F32, mr, nc, kc, rows, (const int8_t*)w, NULL, bias, c, c_stride);
-      break;
-    case QK_F16:
-      x16c1(6, 4, QK_F16, mr, nc, kc, rows, (const int8_t*)w, NULL, bias, c, c_stride);
-      break;
-    case QK_BF16:
-      x16c1(6, 4, QK_BF16, mr, nc, kc, rows, (const int8_t*)w, NULL, bias, c, c_stride);
-      break;
-  }
-}

@@ -11,8 +11,9 @@
  * (K-block kernels, below: by one thread's calls over the K blocks in
  * order), so the bits of y never depend on the number of threads, nor on
  * the blocking.  For a kernel with a widen (int4: dequantize) function,
- * each thread widens its task's chunk once into its own buffer, which every
- * MR-row step then reads from L2.
+ * each thread widens its task's chunk once into its own buffer (not again
+ * for its next task on the same chunk), which every MR-row step then reads
+ * from L2.
  *
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
  * each block of `rows` rows (2048 by default) are packed first (by all
@@ -82,6 +83,8 @@ typedef struct plan {
   /* int4 groupwise: k per group, scales_and_zeros (bytes per group) */
   size_t group_size, sz_stride;
   const char* sz;
+  int sums_groups;   /* int4 kernels that read the group sums of x (all but a
+                        dequantizing one) */
   size_t row_floats; /* floats per converted row of x: k (+ its group sums) */
   float* xs;         /* int4 K-block kernels: the group sums of the packed
                         row block, k / group_size per row */
@@ -126,25 +129,31 @@ static const char* x_row(const char* x, int64_t x_stride, const int64_t* x_offse
   return x + (x_offsets ? x_offsets[r] : (int64_t)r * x_stride);
 }
 
-/* Rows m0 .. m_end-1 times chunk nb of the panels; xf: NULL, or the
- * thread's f32 rows (converted here first if it holds others). */
+/* Rows m0 .. m_end-1 times chunk nb of the panels; wide: NULL, or the
+ * thread's buffer of widened panels, which holds chunk *wide_chunk (widened
+ * here first if it holds another); xf: NULL, or the thread's f32 rows
+ * (converted here first if it holds others). */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
-                     int64_t x_stride, const int64_t* x_offsets, char* wide, x_rows_f32* xf) {
+                     int64_t x_stride, const int64_t* x_offsets, char* wide, size_t* wide_chunk,
+                     x_rows_f32* xf) {
   size_t n0, nc;
   const int8_t* w = chunk_panels(p, nb, &n0, &nc);
   if (wide) {
-    if (p->kern->dequantize)
-      p->kern->dequantize((const uint8_t*)w, ceil_div(nc, p->nr), p->k, p->group_size,
-                          p->sz + n0 * 2 * p->esize, p->sz_stride, p->dt, nc, (float*)wide);
-    else
-      p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
+    if (*wide_chunk != nb) {
+      if (p->kern->dequantize)
+        p->kern->dequantize((const uint8_t*)w, ceil_div(nc, p->nr), p->k, p->group_size,
+                            p->sz + n0 * 2 * p->esize, p->sz_stride, p->dt, nc, (float*)wide);
+      else
+        p->kern->widen(w, ceil_div(nc, p->nr), p->k, wide);
+      *wide_chunk = nb;
+    }
     w = (const int8_t*)wide;
   }
   if (xf && (xf->first != m0 || xf->count != m_end - m0)) {
     for (size_t r = m0; r < m_end; r++) {
       float* row = xf->data + (r - m0) * p->row_floats;
       p->kern->convert_x(x_row(x, x_stride, x_offsets, r), p->dt, p->k, row);
-      if (p->group_size) qk_woq_group_sums(row, p->k, p->group_size, row + p->k);
+      if (p->sums_groups) qk_woq_group_sums(row, p->k, p->group_size, row + p->k);
     }
     xf->first = m0;
     xf->count = m_end - m0;
@@ -285,8 +294,9 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   /* f32 rows of x per thread: a task's rows (at most mc, at most m); for
    * an int4 K-block kernel one row, whose group sums go to xs (a row
    * block's, shared) */
-  const int converting = kern->convert_x && (dt != QK_F32 || p->group_size);
-  p->row_floats = k + (p->group_size ? k / p->group_size : 0);
+  p->sums_groups = p->group_size && !kern->dequantize;
+  const int converting = kern->convert_x && (dt != QK_F32 || p->sums_groups);
+  p->row_floats = k + (p->sums_groups ? k / p->group_size : 0);
   const size_t xf_rows = packing_x ? 1 : m < mc ? m : mc;
   size_t xf_stride = 0;
   if (converting && __builtin_mul_overflow(xf_rows, p->row_floats * sizeof(float), &xf_stride))
@@ -329,6 +339,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
 #endif
     const qk_fpenv caller_env = qk_fpenv_enter();
     char* wide = wide_all ? wide_all + thread * wide_stride : NULL;
+    size_t wide_chunk = SIZE_MAX; /* the chunk in wide: none yet */
     float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
     x_rows_f32 xf = {xf_all ? (float*)(xf_all + thread * xf_stride) : NULL, 0, 0};
     if (!packing_x) {
@@ -337,7 +348,8 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
         const size_t mb = split_m ? t / p->n_chunks : t % m_blocks;
         const size_t nb = split_m ? t % p->n_chunks : t / m_blocks;
         const size_t m_end = (mb + 1) * mc < m ? (mb + 1) * mc : m;
-        run_task(p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide, xf.data ? &xf : NULL);
+        run_task(p, nb, mb * mc, m_end, x, x_stride, x_offsets, wide, &wide_chunk,
+                 xf.data ? &xf : NULL);
       }
     } else {
       /* Row blocks in turn: pack the block's rows, then run its chunks; the
@@ -380,7 +392,7 @@ static int int8_call_valid(const qk_woq_kernel* kern, const qk_woq_blocking* b, 
          (packing_x ? kern->pack_x && kern->kblock && !kern->convert_x && kern->mr == 32 &&
                           kern->nr == 32 && kern->kr == 2
                     : kern->fn != NULL) &&
-         (!kern->widen || kern->widened_bytes > 0) &&
+         (!kern->widen || kern->widened_bytes > 0) && !kern->dequantize &&
          blocking_valid(b ? b : &kern->blocking, packing_x);
 }
 
