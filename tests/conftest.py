@@ -44,18 +44,21 @@ def _no_runtime_peers_under_asan(monkeypatch):
                             lambda: {"openvino": None, "onnxruntime": None})
 
 
-def int4_bound_traits(dtype) -> dict:
-    """The arguments of the int4 bound (tests/reference.py) that cover
-    every int4 kernel this process may run for ``dtype``: ``daz`` where one
-    flushes subnormals (``bf16_qb4w``, ``tile_qb4w``), ``planes`` the most
-    bf16 planes one splits x into (``tile_qb4w``), ``dequantized`` where one
-    sums dequantized weights (``f32dq_qb4w``)."""
-    name = np.dtype(dtype).name
+def int4_bound_traits(x) -> dict:
+    """The arguments of the int4 bound (tests/reference.py) that cover the
+    int4 call on activations ``x``: ``daz`` where a kernel this process may
+    run for x's dtype flushes subnormals (``bf16_qb4w``, ``tile_qb4w``),
+    ``planes`` the most bf16 planes one splits x into (``tile_qb4w``), and
+    ``dequantized`` where the static rule runs a kernel on dequantized
+    weights for x's rows (``f32dq_qb4w``)."""
+    dtype = np.asarray(x).dtype
+    rows = int(np.prod(np.shape(x)[:-1]))
     kernels = [k for k in qkern.kernels()
-               if k.available and name in k.dtypes and k.weight_format == qkern.dispatch.INT4]
+               if k.available and dtype.name in k.dtypes and k.weight_format == qkern.dispatch.INT4]
+    static = qkern.dispatch.choose_kernel(dtype, rows, weight_format=qkern.dispatch.INT4)
     return {"daz": any(k.flushes_subnormals for k in kernels),
             "planes": max(k.planes(dtype) for k in kernels),
-            "dequantized": any(k.dequantizes for k in kernels)}
+            "dequantized": static.dequantizes}
 
 
 def kernel_params(weight_format: str = "int8_per_channel"):

@@ -692,7 +692,7 @@ class Int4Call(WoqCall):
 
     def assert_close(self, y: np.ndarray, x: np.ndarray):
         assert_int4_close(y, x, self.q, self.sz, self.group_size, self.bias,
-                          **int4_bound_traits(x.dtype))
+                          **int4_bound_traits(x))
 
 
 def fuzz_weight_int4pack_mm(data: bytes):

@@ -50,6 +50,8 @@ where y* is within the bound of overflowing.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import ml_dtypes
 import numpy as np
 
@@ -193,11 +195,12 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # A kernel on dequantized weights (f32dq_qb4w, dequantized) sums no groups:
 # w^ = fma(q, s, z'^) with z'^ = z' rounded once, so
 # |w^ - w| <= (2u + u^2)(q |s| + |z'|) + 3 * 2**-150, then one FMA chain of
-# K steps, |acc - sum x_k w^_k| <= gamma_K sum |x_k| |w^_k| + K 2**-150
-# (each step may round in the subnormal range; its products are not
-# multiples of x's spacing), then + b: with (1 + gamma_K)(1 + u)^2 <=
-# 1 + gamma_{K+2},
-#   |v - y*| <= gamma_{K + 3} * (T + |b|) + (K + 1) 2**-150
+# K steps, |acc - sum x_k w^_k| <= gamma_K sum |x_k| |w^_k|
+# + K (1 + gamma_K) 2**-150 (each step may round in the subnormal range,
+# its products not being multiples of x's spacing, and the later steps
+# grow that error by at most 1 + gamma_K), then + b: with
+# (1 + gamma_K)(1 + u)^2 <= 1 + gamma_{K+2},
+#   |v - y*| <= gamma_{K + 3} * (T + |b|) + (K + 1)(1 + gamma_K) 2**-150
 #               + 4 * 2**-150 * sum_k |x_k|,
 # the same T; the bound takes the larger step count of the two analyses
 # and both absolute terms, so that it covers either compute.
@@ -214,6 +217,52 @@ def int4_reference(x, q, sz, group_size, bias=None):
     """Exact y* = x @ W.T + bias in float64 (shape (..., N))."""
     y = np.asarray(x).astype(np.float64) @ int4_dequantize(q, sz, group_size).T
     return y if bias is None else y + np.asarray(bias).astype(np.float64)
+
+
+def _round_f32(v: Fraction) -> Fraction:
+    """v rounded to the nearest float32, ties to even, subnormals kept
+    (for values below float32's overflow)."""
+    if v == 0:
+        return Fraction(0)
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2**e <= a < 2**(e+2)
+    if a >= Fraction(2) ** (e + 1):
+        e += 1
+    quantum = Fraction(2) ** (max(e, -126) - 23)
+    units = a / quantum
+    whole, rest = divmod(units.numerator, units.denominator)
+    if 2 * rest > units.denominator or (2 * rest == units.denominator and whole % 2):
+        whole += 1
+    return (whole if v > 0 else -whole) * quantum
+
+
+def int4_dequantized_model(x, q, sz, group_size, bias=None):
+    """The bits of compute ``f32dq_qb4w`` (include/qkern/woq.h), in exact
+    rationals rounded to float32 step by step: z' = fma(-8, s, z), w =
+    fma(q, s, z'), acc = fma(x, w, acc) over k from 0 in increasing k,
+    acc + bias, then y in x's dtype.  Slow: for small problems."""
+    x = np.asarray(x)
+    xs = [[Fraction(float(v)) for v in row] for row in x.astype(np.float32)]
+    s = np.asarray(sz[..., 0]).astype(np.float32)
+    z = np.asarray(sz[..., 1]).astype(np.float32)
+    n, k = np.asarray(q).shape
+    w = [[None] * k for _ in range(n)]
+    for j in range(n):
+        for g in range(k // group_size):
+            sj, zj = Fraction(float(s[g, j])), Fraction(float(z[g, j]))
+            zp = _round_f32(-8 * sj + zj)
+            for kk in range(g * group_size, (g + 1) * group_size):
+                w[j][kk] = _round_f32(int(q[j, kk]) * sj + zp)
+    y = np.empty((x.shape[0], n), np.float32)
+    for i, row in enumerate(xs):
+        for j in range(n):
+            acc = Fraction(0)
+            for kk in range(k):
+                acc = _round_f32(row[kk] * w[j][kk] + acc)
+            if bias is not None:
+                acc = _round_f32(acc + Fraction(float(np.float32(bias[j]))))
+            y[i, j] = np.float32(float(acc))
+    return y.astype(x.dtype)
 
 
 def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1,
@@ -239,7 +288,8 @@ def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
     e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
     if dequantized:
-        e32 = e32 + (k + 1) * 2.0**-150 + 4 * 2.0**-150 * x_abs.sum(axis=-1, keepdims=True)
+        e32 = (e32 + (k + 1) * (1 + gamma) * 2.0**-150
+               + 4 * 2.0**-150 * x_abs.sum(axis=-1, keepdims=True))
     if daz:
         e32 = e32 + 16 * planes * group_size * 2.0**-126 * s.sum(axis=0)
     y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))

@@ -17,7 +17,14 @@ from conftest import int4_bound_traits, kernel_params
 from qkern import _woq
 from qkern._dtypes import dtype_code
 from qkern.dispatch import INT4, Blocking
-from reference import BF16, DTYPES, assert_int4_close, int4_bound, int4_dequantize
+from reference import (
+    BF16,
+    DTYPES,
+    assert_int4_close,
+    int4_bound,
+    int4_dequantize,
+    int4_dequantized_model,
+)
 
 DTYPE_IDS = [d.name for d in DTYPES]
 INT4_KERNELS = kernel_params(INT4)
@@ -133,19 +140,57 @@ def test_kernel_is_within_the_bound(kern, dtype):
 
 
 def test_the_bound_can_fail():
-    """Control: a result off by 1e-3 (more than the bound here), or one
-    computed without the zeros, is rejected."""
+    """Control: a result off by 1e-3 (more than the bound here; 1e-2 for
+    the larger bound of a kernel on dequantized weights), or one computed
+    without the zeros, is rejected."""
     rng = np.random.default_rng(1)
     x, q, sz, b = _problem(rng, 3, 40, 64, 32, np.float32)
     y = qkern.Int4Linear(qkern.pack_int4(q), 32, sz, b)(x)
     assert_int4_close(y, x, q, sz, 32, b)
     assert (int4_bound(x, q, sz, 32, b, np.float32) < 1e-3).all()
+    assert (int4_bound(x, q, sz, 32, b, np.float32, dequantized=True) < 1e-2).all()
     y[1, 7] += 1e-3
     with pytest.raises(AssertionError, match="outside the bound"):
         assert_int4_close(y, x, q, sz, 32, b)
+    y[1, 7] += 1e-2  # and the bound of a kernel on dequantized weights
+    with pytest.raises(AssertionError, match="outside the bound"):
+        assert_int4_close(y, x, q, sz, 32, b, dequantized=True)
     with pytest.raises(AssertionError, match="outside the bound"):  # the zeros ignored
         no_zeros = x @ ((q - 8.0) * np.repeat(sz[..., 0].T, 32, axis=1)).T + b
         assert_int4_close(no_zeros.astype(np.float32), x, q, sz, 32, b)
+
+
+@pytest.mark.parametrize("kern", [p for p in INT4_KERNELS if p.values[0].dequantizes])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_a_dequantizing_kernel_gives_the_bits_of_its_order(kern, dtype):
+    """f32dq_qb4w bit for bit against its order in exact rationals
+    (tests/reference.py): every row count up to MR + 1, a partial second
+    half of a panel, x spread over 2**+-4 (float16 holds every sum), with
+    and without bias."""
+    rng = np.random.default_rng(23)
+    x, q, sz, b = _problem(rng, kern.mr + 1, 35, 64, 32, dtype)
+    x = (x.astype(np.float32) * 2.0 ** rng.integers(-4, 5, x.shape)).astype(dtype)
+    for bias in (b, None):
+        want = int4_dequantized_model(x, q, sz, 32, bias)  # row by row
+        for rows in range(1, kern.mr + 2):
+            y = _run_kernel(kern, x[:rows], q, sz, 32, bias)
+            assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (rows, bias)
+
+
+def test_the_static_choice_either_side_of_the_dequantized_edge():
+    """Either side of DEQUANTIZED_FROM_M rows the functional op gives the
+    bits of the kernel the static rule picks for its rows (on AVX2:
+    f32_qb4w below, f32dq_qb4w from it), within the bound for them."""
+    edge = qkern.dispatch.DEQUANTIZED_FROM_M
+    rng = np.random.default_rng(11)
+    for dtype in DTYPES:
+        x, q, sz, b = _problem(rng, edge, 70, 128, 32, dtype)
+        for rows in (edge - 1, edge):
+            y = qkern.weight_int4pack_mm(x[:rows], qkern.pack_int4(q), 32, sz, bias=b)
+            static = qkern.dispatch.choose_kernel(dtype, rows, weight_format=INT4)
+            want = _run_kernel(static, x[:rows], q, sz, 32, b)
+            assert np.array_equal(y.view(np.uint8), want.view(np.uint8)), (dtype, rows)
+            assert_int4_close(y, x[:rows], q, sz, 32, b, **int4_bound_traits(x[:rows]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -231,7 +276,7 @@ def test_weight_int4pack_mm_on_random_problems(m, n, groups, group_size, dtype, 
     assert y.shape == (m, n) and y.dtype == dtype
     if k == 0:
         assert np.array_equal(y, np.broadcast_to(b if bias else np.zeros(n, dtype), (m, n)))
-    assert_int4_close(y, x, q, sz, group_size, b, **int4_bound_traits(dtype))
+    assert_int4_close(y, x, q, sz, group_size, b, **int4_bound_traits(x))
 
 
 def test_strided_x_batches_and_out():
@@ -309,7 +354,7 @@ def test_int4_linear_holds_one_packed_copy_pickles_and_refuses_int8_kernels():
     assert not layer.packed_weight.flags.writeable and not layer.scales_and_zeros.flags.writeable
     x = rng.standard_normal((5, 256)).astype(BF16)
     y = layer(x)
-    assert_int4_close(y, x, q, sz, 128, bias, **int4_bound_traits(BF16))
+    assert_int4_close(y, x, q, sz, 128, bias, **int4_bound_traits(x))
     clone = pickle.loads(pickle.dumps(layer))
     assert clone(x).tobytes() == y.tobytes() and repr(clone) == repr(layer)
     with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
@@ -357,4 +402,4 @@ def test_the_bound_covers_roundings_in_the_subnormal_range():
                  and "float32" in p.values[0].dtypes):
         y = _run_kernel(kern, x, q, sz, 32, None)
         assert y[0, 0] == 8 * tiny, (kern.name, y[0, 0] / tiny)
-        assert_int4_close(y, x, q, sz, 32)
+        assert_int4_close(y, x, q, sz, 32, dequantized=kern.dequantizes)
