@@ -56,7 +56,8 @@ def _table_lines(header: tuple, rows: list) -> list:
 
 
 def _traits(k) -> str:
-    traits = [t for t, on in (("widened", k.widened), ("converts-x", k.converts_x),
+    traits = [t for t, on in (("widened", k.widened), ("dequantizes", k.dequantizes),
+                              ("converts-x", k.converts_x),
                               ("splits-x", k.splits_x),
                               ("flushes-subnormals", k.flushes_subnormals)) if on]
     return ",".join(traits) or "-"

@@ -66,7 +66,8 @@ No bits change with the choice when the tuner keeps the static rule's
 kernel: a blocking or thread count never changes a result
 (:ref:`determinism`), and neither does another kernel on packed panels of
 the same ISA level, nor a widened copy (its kernel sums in the order of its
-packed twin).
+packed twin); but for int4 on AVX2, whose kernel on dequantized weights
+(``f32dq_qb4w``) sums in an order of its own.
 """
 
 from __future__ import annotations
@@ -630,8 +631,9 @@ TUNED_WITH = {"avx512_bf16": ("avx512",), "amx": ("avx512_bf16", "avx512")}
 
 def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:
     """The candidate kernels: those of the static choice's ISA level (whose
-    kernels give a row the same bits) and of the levels :data:`TUNED_WITH`
-    adds to it, that read ``layout`` in ``weight_format``."""
+    kernels give a row the same bits, but for an int4 kernel on dequantized
+    weights) and of the levels :data:`TUNED_WITH` adds to it, that read
+    ``layout`` in ``weight_format``."""
     levels = (isa, *TUNED_WITH.get(isa, ()))
     return [k for k in dispatch.REGISTRY
             if k.available and dtype in k.dtypes and k.isa in levels
