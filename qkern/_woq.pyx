@@ -332,8 +332,9 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
                  const float[:, ::1] x, int dtype, const uint8_t[::1] panels, cnp.ndarray sz,
                  const float[::1] bias, cnp.ndarray c, int64_t c_stride):
     """Call the micro-kernel of int4 registry entry ``index`` once, as the
-    driver would: rows 0 .. mr-1 of the f32 ``x`` (with group sums computed
-    here, as the driver computes them) times ``nc`` columns of whole packed
+    driver would: rows 0 .. mr-1 of the f32 ``x`` (copied, with their group
+    sums after them, which a dequantizing kernel does not read) times ``nc``
+    columns of whole packed
     int4 ``panels``, with ``sz`` (C-contiguous ``(kc / group_size, nc, 2)``,
     dtype code ``dtype``, also ``c``'s) into ``c`` (rows ``c_stride`` bytes
     apart), under the kernels' floating-point environment; for a kernel

@@ -37,7 +37,8 @@ WIDENED_IN_STATIC_RULE = ("amx",)
 # the driver dequantizes to float32 (compute f32dq_qb4w), where many rows
 # share each dequantized chunk and no group sums are left.  Measured on a
 # Zen 3 against f32_qb4w (4096² and 11008 x 4096, groups of 128, float32,
-# its time over f32_qb4w's, side by side): 1.12-1.37 at M <= 16, 0.98-1.05
+# its time over f32_qb4w's, Int4Linear layers forced to each kernel, calls
+# alternating, min of 3 to 15): 1.12-1.37 at M <= 16, 0.98-1.05
 # at 24 and 32, 0.89-0.95 at 48 and 64, 0.85-0.92 at 128 and 256, on one
 # and two threads.
 DEQUANTIZED_FROM_M = 48

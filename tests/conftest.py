@@ -50,7 +50,8 @@ def int4_bound_traits(x) -> dict:
     run for x's dtype flushes subnormals (``bf16_qb4w``, ``tile_qb4w``),
     ``planes`` the most bf16 planes one splits x into (``tile_qb4w``), and
     ``dequantized`` where the static rule runs a kernel on dequantized
-    weights for x's rows (``f32dq_qb4w``)."""
+    weights for x's rows (``f32dq_qb4w``; the tests that use it run
+    without autotuning)."""
     dtype = np.asarray(x).dtype
     rows = int(np.prod(np.shape(x)[:-1]))
     kernels = [k for k in qkern.kernels()

@@ -221,13 +221,13 @@ def int4_reference(x, q, sz, group_size, bias=None):
 
 def _round_f32(v: Fraction) -> Fraction:
     """v rounded to the nearest float32, ties to even, subnormals kept
-    (for values below float32's overflow)."""
+    (for values below float32's overflow; a zero comes out +0)."""
     if v == 0:
         return Fraction(0)
     a = abs(v)
-    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2**e <= a < 2**(e+2)
-    if a >= Fraction(2) ** (e + 1):
-        e += 1
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2**(e-1) < a < 2**(e+1)
+    if a < Fraction(2) ** e:
+        e -= 1  # now 2**e <= a < 2**(e+1)
     quantum = Fraction(2) ** (max(e, -126) - 23)
     units = a / quantum
     whole, rest = divmod(units.numerator, units.denominator)
@@ -240,7 +240,9 @@ def int4_dequantized_model(x, q, sz, group_size, bias=None):
     """The bits of compute ``f32dq_qb4w`` (include/qkern/woq.h), in exact
     rationals rounded to float32 step by step: z' = fma(-8, s, z), w =
     fma(q, s, z'), acc = fma(x, w, acc) over k from 0 in increasing k,
-    acc + bias, then y in x's dtype.  Slow: for small problems."""
+    acc + bias, then y in x's dtype.  Slow: for small problems.  A sum
+    that rounds to zero comes out +0 (the kernel may give -0 there), so the
+    inputs should keep every partial sum away from the underflow range."""
     x = np.asarray(x)
     xs = [[Fraction(float(v)) for v in row] for row in x.astype(np.float32)]
     s = np.asarray(sz[..., 0]).astype(np.float32)

@@ -321,7 +321,7 @@ typedef struct qk_woq_blocking {
  * all.  A kernel with a widen function reads widened panels instead: the
  * driver widens each chunk of packed panels (for a K-block kernel, each K
  * block of a chunk) once into a per-thread buffer and reuses it for every
- * row step of its task. */
+ * row step of its task (and of the thread's next task on that chunk). */
 typedef struct qk_woq_kernel {
   const char* name;
   qk_woq_kind kind;
@@ -351,16 +351,16 @@ typedef struct qk_woq_kernel {
   qk_woq_int4_ukernel_fn int4_fn;
   qk_woq_int4_kblock_fn int4_kblock;
   /* QK_WOQ_INT4_GROUPWISE, kind QK_WOQ_PANELS: NULL, or int4_fn reads f32
-   * panels (widened_bytes = 4) that the driver dequantizes with it once
-   * per task, as it widens for `widen` */
+   * panels (widened_bytes = 4) that the driver dequantizes with it chunk
+   * by chunk, as it widens for `widen` */
   qk_woq_dequantize_fn dequantize;
 } qk_woq_kernel;
 
 /* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
 size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt);
 
-/* Bytes of one widened panel of kc k-values for kernel kern (with widen,
- * kr >= 1); SIZE_MAX if that does not fit in a size_t. */
+/* Bytes of one widened panel of kc k-values for kernel kern (with widen
+ * or dequantize, kr >= 1); SIZE_MAX if that does not fit in a size_t. */
 size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc);
 
 /* Bytes of the whole (N, K) weight widened for kern (every panel, the last
@@ -436,9 +436,10 @@ int qk_woq_gemm_widened(const qk_woq_kernel* kern, const qk_woq_blocking* blocki
  * (k / group_size, n, 2) scales_and_zeros in dtype dt, C-contiguous, bias
  * roundup(n, 32) f32 or NULL.  The driver converts each row of x to f32
  * with its group sums (per row block and thread) before the kernel reads
- * it; for a K-block kernel it packs x and computes the group sums of each
- * row block once instead.  The same guarantees and return codes as
- * qk_woq_gemm().
+ * it (for a kernel with a dequantize function: f16 / bf16 rows only, no
+ * sums; it dequantizes the weight instead); for a K-block kernel it packs
+ * x and computes the group sums of each row block once instead.  The same guarantees and return
+ * codes as qk_woq_gemm().
  */
 int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking, size_t m, size_t n,
                      size_t k, size_t group_size, qk_dtype dt, const char* x, int64_t x_stride,

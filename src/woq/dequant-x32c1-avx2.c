@@ -31,8 +31,8 @@ void qk_woq_dequant_x32c1__avx2(const uint8_t* packed, size_t panels, size_t kc,
     const int high = 32 * p + 16 < nc;
     for (size_t g = 0; g < kc / group_size; g++) {
       const char* row = (const char*)sz + g * sz_stride;
-      __m256 s[4], zp[4];
-      for (size_t v = 0; v < 4; v++)
+      __m256 s[4], zp[4]; /* columns 8v .. 8v + 7 of the panel */
+      for (size_t v = 0; v < (high ? 4u : 2u); v++)
         qk256_qb4w_load_params(row, 32 * p + 8 * v, nc, dt, &s[v], &zp[v]);
       for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
         const uint8_t* b = packed + k * 16;

@@ -7,7 +7,7 @@
  * columns per int4 panel, the groups' scales and zeros in them already),
  * so the kernel is the int8 f32w body (x16c1, gemm-x16c1-avx2.h) without a
  * scale: one FMA chain per output over all of kc, then + bias.  x rows are
- * read in f32 (their group sums, which follow them, are not read).
+ * read in f32, kc values each (no group sums).
  */
 #include "gemm-x16c1-avx2.h"
 #include "qkern/woq_ukernels.h"

@@ -116,9 +116,9 @@ static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* 
 }
 
 /* A thread's rows of x converted to f32 (kernels with convert_x, x not
- * f32, or int4 kernels): rows first .. first + count - 1, row_floats each
- * (k values, then an int4 kernel's group sums), converted when a task
- * needs rows it does not hold. */
+ * f32, or int4 kernels that sum groups): rows first .. first + count - 1,
+ * row_floats each (k values, then such a kernel's group sums), converted
+ * when a task needs rows it does not hold. */
 typedef struct x_rows_f32 {
   float* data;
   size_t first, count;

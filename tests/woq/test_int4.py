@@ -164,17 +164,18 @@ def test_the_bound_can_fail():
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_a_dequantizing_kernel_gives_the_bits_of_its_order(kern, dtype):
     """f32dq_qb4w bit for bit against its order in exact rationals
-    (tests/reference.py): every row count up to MR + 1, a partial second
-    half of a panel, x spread over 2**+-4 (float16 holds every sum), with
-    and without bias."""
+    (tests/reference.py): every row count up to MR + 1; a last panel with a
+    partial first half (N = 35, its second half never written) or a
+    partial second half (N = 50); x spread over 2**+-4 (float16 holds every
+    sum); with and without bias."""
     rng = np.random.default_rng(23)
-    x, q, sz, b = _problem(rng, kern.mr + 1, 35, 64, 32, dtype)
-    x = (x.astype(np.float32) * 2.0 ** rng.integers(-4, 5, x.shape)).astype(dtype)
-    for bias in (b, None):
-        want = int4_dequantized_model(x, q, sz, 32, bias)  # row by row
+    for n, with_bias in ((35, False), (50, True)):
+        x, q, sz, b = _problem(rng, kern.mr + 1, n, 64, 32, dtype, bias=with_bias)
+        x = (x.astype(np.float32) * 2.0 ** rng.integers(-4, 5, x.shape)).astype(dtype)
+        want = int4_dequantized_model(x, q, sz, 32, b)  # row by row
         for rows in range(1, kern.mr + 2):
-            y = _run_kernel(kern, x[:rows], q, sz, 32, bias)
-            assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (rows, bias)
+            y = _run_kernel(kern, x[:rows], q, sz, 32, b)
+            assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (n, rows)
 
 
 def test_the_static_choice_either_side_of_the_dequantized_edge():
