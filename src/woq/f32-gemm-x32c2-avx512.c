@@ -47,11 +47,9 @@ QK_INLINE void f32_step(const size_t MR, __m512 acc[][4], const float* const* ar
 QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
                               const void* const* a, const int8_t* w, const float* scale,
                               const float* bias, void* c, ptrdiff_t c_stride) {
-  const char* rows[6];
-  char* cr[6];
-  qk_clamp_rows(MR, mr, a, c, c_stride, rows, cr);
   const float* ar[6];
-  for (size_t i = 0; i < MR; i++) ar[i] = (const float*)rows[i];
+  char* cr[6];
+  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
   const size_t kpairs = kc / 2, kp = (kc + 1) / 2 * 2;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);

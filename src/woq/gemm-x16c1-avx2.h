@@ -85,11 +85,9 @@ QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, co
 QK_INLINE void x16c1(const size_t MR, const size_t WB, const qk_dtype DT, size_t mr, size_t nc,
                      size_t kc, const void* const* a, const int8_t* w, const float* scale,
                      const float* bias, void* c, ptrdiff_t c_stride) {
-  const char* rows[6];
-  char* cr[6];
-  qk_clamp_rows(MR, mr, a, c, c_stride, rows, cr);
   const float* ar[6];
-  for (size_t i = 0; i < MR; i++) ar[i] = (const float*)rows[i];
+  char* cr[6];
+  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
   size_t n0 = 0;
   if (MR == 1) /* four panels at a time: eight independent sums */
     for (; n0 + 48 < nc; n0 += 64, w += 4 * x16c1_panel_bytes(WB, kc))

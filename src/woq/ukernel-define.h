@@ -18,13 +18,14 @@
  * (DRAM read 10.8 GB/s) and from 14 to 21 GB/s on two (22 GB/s). */
 #define QK_PREFETCH_BYTES 2048
 
-/* Row pointers of x and y for MR rows; rows mr..MR-1 repeat row mr-1 (their
- * results are the same values, written to the same place). */
+/* Row pointers of x (rows of f32, as the kernels that clamp read them) and
+ * y for MR rows; rows mr..MR-1 repeat row mr-1 (their results are the same
+ * values, written to the same place). */
 QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c,
-                             ptrdiff_t c_stride, const char** ar, char** cr) {
+                             ptrdiff_t c_stride, const float** ar, char** cr) {
   for (size_t i = 0; i < MR; i++) {
     const size_t r = i < mr ? i : mr - 1;
-    ar[i] = (const char*)a[r];
+    ar[i] = (const float*)a[r];
     cr[i] = (char*)c + (ptrdiff_t)r * c_stride;
   }
 }
