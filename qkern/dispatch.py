@@ -19,9 +19,12 @@ from qkern._dtypes import DTYPE_CODES, dtype_name
 ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
 
 # What one pass of a kernel on packed panels over the weight costs beyond
-# its MR rows of FMAs, in rows: widening the int8 weights in-register.
-# Measured on an AVX2 Zen 3 (1 thread, 4096 x 4096, ms per pass): 1x16
-# 0.77, 4x16 1.65, 6x16 2.2, i.e. MR + 2 to within 10 %.
+# its rows of FMAs, in rows: widening the int8 weights in-register.  Every
+# such kernel is specialised for each row count, so a pass of R rows costs
+# R + 2.  Measured on an AVX2 Zen 3 (1 thread, 4096 x 4096, ms per pass):
+# 1x16 0.77, 4x16 1.65, 6x16 2.2; and with the row counts, side by side
+# (median ms): 1 row 1.00, 2 rows 1.30, 3 1.71, 4 1.82, 5 1.99, 6 2.48,
+# i.e. R + 2 to within 15 %.
 PASS_OVERHEAD_ROWS = 2
 
 # The ISA levels whose kernels on driver-widened panels the static rule
@@ -392,9 +395,10 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     ``m`` needs more than one of its row blocks (the widening is then
     shared, and a partial last block costs only its rows), and on any level
     a kernel on dequantized int4 weights from ``DEQUANTIZED_FROM_M``
-    rows; otherwise the
-    kernel on packed panels with the fewest row-passes' worth of work,
-    ``ceil(m / MR) * (MR + PASS_OVERHEAD_ROWS)`` (the narrower on a tie).
+    rows; otherwise the kernel on packed panels with the least work,
+    ``m + ceil(m / MR) * PASS_OVERHEAD_ROWS`` rows' worth (each pass of R
+    rows costs R + PASS_OVERHEAD_ROWS), that is the fewest passes, the
+    narrower on a tie.
     For the weight formats of ``KBLOCK_ABOVE_ONE_ROW_BLOCK``, a level that
     has only K-block kernels is passed over while ``m`` fits in one row
     block of the level below.
@@ -423,7 +427,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     if widened:
         kern = widened[-1]
     else:
-        kern = min(packed, key=lambda k: -(-m // k.mr) * (k.mr + PASS_OVERHEAD_ROWS))
+        kern = min(packed, key=lambda k: m + -(-m // k.mr) * PASS_OVERHEAD_ROWS)
     return _log(kern, name, m)
 
 

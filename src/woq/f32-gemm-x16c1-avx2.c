@@ -12,10 +12,10 @@
 #include "gemm-x16c1-avx2.h"
 #include "qkern/woq_ukernels.h"
 
-#define f32_gemm_x16c1(MR, DT, ...) x16c1(MR, 1, DT, __VA_ARGS__)
-#define f32w_gemm_x16c1(MR, DT, ...) x16c1(MR, 4, DT, __VA_ARGS__)
+#define f32_gemm_x16c1(R, DT, ...) x16c1(R, 1, DT, __VA_ARGS__)
+#define f32w_gemm_x16c1(R, DT, ...) x16c1(R, 4, DT, __VA_ARGS__)
 
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x16c1__avx2, f32_gemm_x16c1, 1)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x16c1__avx2, f32_gemm_x16c1, 4)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x16c1__avx2, f32_gemm_x16c1, 6)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32w_gemm_ukernel_6x16c1__avx2, f32w_gemm_x16c1, 6)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemm_ukernel_1x16c1__avx2, f32_gemm_x16c1, 1)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemm_ukernel_4x16c1__avx2, f32_gemm_x16c1, 4)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemm_ukernel_6x16c1__avx2, f32_gemm_x16c1, 6)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32w_gemm_ukernel_6x16c1__avx2, f32w_gemm_x16c1, 6)

@@ -14,8 +14,8 @@
  * (multiply) and bias (add) and rounds once to the output dtype.  The four
  * widened vectors of a k-group serve every row: 6 rows hold 24 of the 32
  * zmm registers in sums (the 4x16 tile's four conversions per 16 FMAs
- * become four per 24).  Rows mr..MR-1 duplicate row mr-1 (same values
- * written twice).
+ * become four per 24).  The body is specialised for each mr (no FMA is
+ * spent on a missing row).
  */
 #include <string.h>
 
@@ -44,12 +44,13 @@ QK_INLINE void f32_step(const size_t MR, __m512 acc[][4], const float* const* ar
   }
 }
 
-QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+/* MR rows (a compile-time constant, QK_DEFINE_UKERNEL_ROWS). */
+QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t nc, size_t kc,
                               const void* const* a, const int8_t* w, const float* scale,
                               const float* bias, void* c, ptrdiff_t c_stride) {
   const float* ar[6];
   char* cr[6];
-  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
+  qk_row_pointers(MR, a, c, c_stride, ar, cr);
   const size_t kpairs = kc / 2, kp = (kc + 1) / 2 * 2;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -80,6 +81,6 @@ QK_INLINE void f32_gemm_x32c2(const size_t MR, const qk_dtype DT, size_t mr, siz
   }
 }
 
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_1x32c2__avx512, f32_gemm_x32c2, 1)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_4x32c2__avx512, f32_gemm_x32c2, 4)
-QK_DEFINE_UKERNEL_ALL_DTYPES(qk_woq_f32_gemm_ukernel_6x32c2__avx512, f32_gemm_x32c2, 6)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemm_ukernel_1x32c2__avx512, f32_gemm_x32c2, 1)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemm_ukernel_4x32c2__avx512, f32_gemm_x32c2, 4)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemm_ukernel_6x32c2__avx512, f32_gemm_x32c2, 6)

@@ -100,4 +100,4 @@ QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc
     gemv_tile(R, C, DT, n0, nc, kc, ar, w, scale, bias, c, c_stride);
 }
 
-QK_DEFINE_UKERNEL_ROWS_1_TO_4(qk_woq_f32_gemv_ukernel_4x1c0__avx2, gemv_rows)
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemv_ukernel_4x1c0__avx2, gemv_rows, 4)

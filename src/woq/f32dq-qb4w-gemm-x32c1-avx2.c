@@ -12,6 +12,10 @@
 #include "gemm-x16c1-avx2.h"
 #include "qkern/woq_ukernels.h"
 
+/* R rows (1..6, the switch below): the f32w body without a scale. */
+#define f32dq_rows(R, DT, nc, kc, rows, panels, bias, c, c_stride) \
+  x16c1(R, 4, DT, nc, kc, rows, panels, NULL, bias, c, c_stride)
+
 void qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2(size_t mr, size_t nc, size_t kc, size_t group_size,
                                                  const float* const* a, qk_dtype dt,
                                                  const uint8_t* w, const void* sz, size_t sz_stride,
@@ -20,8 +24,11 @@ void qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2(size_t mr, size_t nc, size_t kc
   const void* const* rows = (const void* const*)a;
   const int8_t* panels = (const int8_t*)w;
   switch (dt) {
-    case QK_F32: x16c1(6, 4, QK_F32, mr, nc, kc, rows, panels, NULL, bias, c, c_stride); break;
-    case QK_F16: x16c1(6, 4, QK_F16, mr, nc, kc, rows, panels, NULL, bias, c, c_stride); break;
-    case QK_BF16: x16c1(6, 4, QK_BF16, mr, nc, kc, rows, panels, NULL, bias, c, c_stride); break;
+    case QK_F32:
+      QK_ROWS_SWITCH(f32dq_rows, 6, QK_F32, nc, kc, rows, panels, bias, c, c_stride) break;
+    case QK_F16:
+      QK_ROWS_SWITCH(f32dq_rows, 6, QK_F16, nc, kc, rows, panels, bias, c, c_stride) break;
+    case QK_BF16:
+      QK_ROWS_SWITCH(f32dq_rows, 6, QK_BF16, nc, kc, rows, panels, bias, c, c_stride) break;
   }
 }

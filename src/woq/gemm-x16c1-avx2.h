@@ -3,19 +3,21 @@
  * columns, one k per 16-value row (kr = 1), AVX2 + FMA + F16C; include only
  * from files compiled with the AVX2 flags.
  *
- * x16c1(MR, WB, DT, ...) computes mr <= MR rows (rows mr..MR-1 duplicate
- * row mr-1) and nc columns, x read in f32 whatever DT (the driver converts
- * f16 / bf16 rows once; DT is then the output's dtype), so each broadcast
- * of x is one load.  Weights of WB bytes: packed int8 (WB = 1; the 16 of
- * one k widened in-register to two vectors of 8 f32) or f32 panels (WB = 4,
- * loaded as they are, k padded to a multiple of 16: the widened f32
- * layout, include/qkern/woq.h), shared by the MR rows; fp32 FMA sums.
- * MR = 4 and 6 keep one sum per row and 8 columns (12 of the 16 ymm
- * registers at MR = 6), accumulated in increasing k.  MR = 1 would wait on
- * the FMA latency with two sums, so it runs four panels at once (eight
- * sums; the same order per column).  Epilogue: scale (multiply; none when
- * scale is NULL), bias (add), one rounding to the output dtype.  Every
- * kernel built on it sums each column in the same order.
+ * x16c1(R, WB, DT, ...) computes R rows (a compile-time constant: the
+ * kernels specialise it for each mr, QK_DEFINE_UKERNEL_ROWS) and nc
+ * columns, x read in f32 whatever DT (the driver converts f16 / bf16 rows
+ * once; DT is then the output's dtype), so each broadcast of x is one
+ * load.  Weights of WB bytes: packed int8 (WB = 1; the 16 of one k widened
+ * in-register to two vectors of 8 f32) or f32 panels (WB = 4, loaded as
+ * they are, k padded to a multiple of 16: the widened f32 layout,
+ * include/qkern/woq.h), shared by the R rows; fp32 FMA sums, one per row
+ * and 8 columns, accumulated in increasing k.  Fewer than eight sums would
+ * wait on the FMA latency, so one row runs four panels at once and two
+ * rows two (eight sums; the same order per column).  Three rows stay at
+ * one panel: two would need 15 of the 16 ymm registers, and GCC then keeps
+ * sums on the stack (1.5x slower on a Zen 3).  Epilogue: scale (multiply;
+ * none when scale is NULL), bias (add), one rounding to the output dtype.
+ * Every kernel built on it sums each column in the same order.
  */
 #ifndef QKERN_GEMM_X16C1_AVX2_H
 #define QKERN_GEMM_X16C1_AVX2_H
@@ -34,8 +36,9 @@ QK_INLINE size_t x16c1_panel_bytes(size_t WB, size_t kc) {
   return WB == 1 ? kc * 16 : (kc + 15) / 16 * 16 * 64;
 }
 
-/* P consecutive panels from column n0 (P * 16 <= nc - n0 + 15) for MR rows,
- * weights of WB bytes: one sum per row and 8 columns, each in increasing k. */
+/* P consecutive panels from column n0 (P * 16 <= nc - n0 + 15) for MR rows
+ * (P * MR <= 6), weights of WB bytes: one sum per row and 8 columns, each
+ * in increasing k. */
 QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, const qk_dtype DT,
                             size_t n0, size_t nc, size_t kc, const float* const* ar,
                             char* const* cr, const int8_t* w, const float* scale,
@@ -82,18 +85,20 @@ QK_INLINE void x16c1_panels(const size_t MR, const size_t P, const size_t WB, co
   }
 }
 
-QK_INLINE void x16c1(const size_t MR, const size_t WB, const qk_dtype DT, size_t mr, size_t nc,
-                     size_t kc, const void* const* a, const int8_t* w, const float* scale,
-                     const float* bias, void* c, ptrdiff_t c_stride) {
+QK_INLINE void x16c1(const size_t R, const size_t WB, const qk_dtype DT, size_t nc, size_t kc,
+                     const void* const* a, const int8_t* w, const float* scale, const float* bias,
+                     void* c, ptrdiff_t c_stride) {
   const float* ar[6];
   char* cr[6];
-  qk_clamp_rows(MR, mr, a, c, c_stride, ar, cr);
+  qk_row_pointers(R, a, c, c_stride, ar, cr);
+  /* panels at a time (see the top) */
+  const size_t P = R == 1 ? 4 : R == 2 ? 2 : 1;
   size_t n0 = 0;
-  if (MR == 1) /* four panels at a time: eight independent sums */
-    for (; n0 + 48 < nc; n0 += 64, w += 4 * x16c1_panel_bytes(WB, kc))
-      x16c1_panels(1, 4, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
+  if (P > 1)
+    for (; n0 + 16 * (P - 1) < nc; n0 += 16 * P, w += P * x16c1_panel_bytes(WB, kc))
+      x16c1_panels(R, P, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
   for (; n0 < nc; n0 += 16, w += x16c1_panel_bytes(WB, kc))
-    x16c1_panels(MR, 1, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
+    x16c1_panels(R, 1, WB, DT, n0, nc, kc, ar, cr, w, scale, bias);
 }
 
 #endif /* QKERN_GEMM_X16C1_AVX2_H */

@@ -1,9 +1,9 @@
 /*
- * ukernel-define.h -- defines an exported qk_woq_ukernel_fn from an
- * always-inline body specialised at compile time for MR and each x dtype
- * the kernel accepts (so the inner loop has no dtype branch).  Portable.
- *
- * BODY(MR, DT, mr, nc, kc, a, w, scale, bias, c, c_stride)
+ * ukernel-define.h -- defines exported micro-kernels (qk_woq_ukernel_fn,
+ * qk_woq_int4_ukernel_fn) from always-inline bodies specialised at compile
+ * time for each row count mr and each x dtype the kernel accepts (so the
+ * inner loop has no dtype branch and spends nothing on a missing row).
+ * Portable.
  */
 #ifndef QKERN_UKERNEL_DEFINE_H
 #define QKERN_UKERNEL_DEFINE_H
@@ -18,33 +18,19 @@
  * (DRAM read 10.8 GB/s) and from 14 to 21 GB/s on two (22 GB/s). */
 #define QK_PREFETCH_BYTES 2048
 
-/* Row pointers of x (rows of f32, as the kernels that clamp read them) and
- * y for MR rows; rows mr..MR-1 repeat row mr-1 (their results are the same
- * values, written to the same place). */
-QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c,
-                             ptrdiff_t c_stride, const float** ar, char** cr) {
-  for (size_t i = 0; i < MR; i++) {
-    const size_t r = i < mr ? i : mr - 1;
-    ar[i] = (const float*)a[r];
-    cr[i] = (char*)c + (ptrdiff_t)r * c_stride;
+/* Row pointers of x (rows of f32, as the kernels read them) and y for R
+ * rows. */
+QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_t c_stride,
+                               const float** ar, char** cr) {
+  for (size_t i = 0; i < R; i++) {
+    ar[i] = (const float*)a[i];
+    cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
   }
 }
 
 #define QK_UKERNEL_PARAMS                                                              \
   size_t mr, size_t nc, size_t kc, const void *const *a, qk_dtype dt, const int8_t *w, \
       const float *scale, const float *bias, void *c, ptrdiff_t c_stride
-
-#define QK_UKERNEL_ARGS mr, nc, kc, a, w, scale, bias, c, c_stride
-
-/* A kernel for f32, f16 and bf16 x. */
-#define QK_DEFINE_UKERNEL_ALL_DTYPES(NAME, BODY, MR)           \
-  void NAME(QK_UKERNEL_PARAMS) {                               \
-    switch (dt) {                                              \
-      case QK_F32: BODY(MR, QK_F32, QK_UKERNEL_ARGS); break;   \
-      case QK_F16: BODY(MR, QK_F16, QK_UKERNEL_ARGS); break;   \
-      case QK_BF16: BODY(MR, QK_BF16, QK_UKERNEL_ARGS); break; \
-    }                                                          \
-  }
 
 /* switch (mr) calling ROWS(R, DT, ...) with R = mr, a compile-time
  * constant, for each mr in 1..MR (MR <= 8; mr beyond MR runs MR rows), so
@@ -69,26 +55,26 @@ QK_INLINE void qk_clamp_rows(size_t MR, size_t mr, const void* const* a, void* c
     default: ROWS(MR, DT, __VA_ARGS__);        \
   }
 
-/* A 4-row kernel for all x dtypes whose body
+/* An MR-row kernel (qk_woq_ukernel_fn) for all x dtypes whose body
  * ROWS(R, DT, nc, kc, a, w, scale, bias, c, c_stride) is specialised for
- * each mr = R in 1..4: a memory-bound kernel spends no FMAs on duplicated
- * rows. */
-#define QK_DEFINE_UKERNEL_ROWS_1_TO_4(NAME, ROWS)                                                 \
-  QK_INLINE void NAME##_rows(const size_t MR, const qk_dtype DT, size_t mr, size_t nc, size_t kc, \
-                             const void* const* a, const int8_t* w, const float* scale,           \
-                             const float* bias, void* c, ptrdiff_t c_stride) {                    \
-    (void)MR;                                                                                     \
-    QK_ROWS_SWITCH(ROWS, 4, DT, nc, kc, a, w, scale, bias, c, c_stride)                           \
-  }                                                                                               \
-  QK_DEFINE_UKERNEL_ALL_DTYPES(NAME, NAME##_rows, 4)
+ * each mr = R in 1..MR (MR <= 8). */
+#define QK_UKERNEL_ROWS_SWITCH(ROWS, MR, DT) \
+  QK_ROWS_SWITCH(ROWS, MR, DT, nc, kc, a, w, scale, bias, c, c_stride)
+#define QK_DEFINE_UKERNEL_ROWS(NAME, ROWS, MR)                       \
+  void NAME(QK_UKERNEL_PARAMS) {                                     \
+    switch (dt) {                                                    \
+      case QK_F32: QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_F32) break;   \
+      case QK_F16: QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_F16) break;   \
+      case QK_BF16: QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_BF16) break; \
+    }                                                                \
+  }
 
-/* A kernel for bf16 x only (the registry never hands it another dtype)
- * whose body ROWS(R, DT, nc, kc, a, w, scale, bias, c, c_stride) is
- * specialised for each mr = R in 1..MR (MR <= 8). */
-#define QK_DEFINE_UKERNEL_ROWS_BF16(NAME, ROWS, MR)                           \
-  void NAME(QK_UKERNEL_PARAMS) {                                              \
-    (void)dt;                                                                 \
-    QK_ROWS_SWITCH(ROWS, MR, QK_BF16, nc, kc, a, w, scale, bias, c, c_stride) \
+/* QK_DEFINE_UKERNEL_ROWS for bf16 x only (the registry never hands it
+ * another dtype). */
+#define QK_DEFINE_UKERNEL_ROWS_BF16(NAME, ROWS, MR) \
+  void NAME(QK_UKERNEL_PARAMS) {                    \
+    (void)dt;                                       \
+    QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_BF16)       \
   }
 
 /* An int4 kernel (qk_woq_int4_ukernel_fn) for all x dtypes whose body

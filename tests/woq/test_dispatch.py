@@ -148,10 +148,10 @@ def test_int4_k_block_kernel_only_above_one_row_block_below(monkeypatch):
             assert dispatch.choose_kernel(dtype, m).isa == "amx"
 
 
-def test_int4_dequantized_kernel_from_its_m(monkeypatch):
-    """On the AVX2 level (every kernel up to it available, as on an AVX2
-    CPU), int4 takes the kernel on dequantized weights from
-    DEQUANTIZED_FROM_M rows and the group-sum kernel below, every dtype."""
+@pytest.fixture
+def avx2_registry(monkeypatch):
+    """The registry as an AVX2 CPU sees it: every kernel up to that level
+    available, none above."""
     import dataclasses
 
     avx2 = qkern.ISA_LEVELS.index("avx2")
@@ -160,6 +160,23 @@ def test_int4_dequantized_kernel_from_its_m(monkeypatch):
         for k in dispatch.REGISTRY])
     if not any(k.isa == "avx2" for k in dispatch.REGISTRY):
         pytest.skip("this build has no AVX2 kernel (the compiler lacks AVX2)")
+
+
+def test_packed_int8_kernel_makes_the_fewest_passes(avx2_registry):
+    """On the AVX2 level (every kernel up to it available, as on an AVX2
+    CPU): every kernel runs each row count without a duplicated row, so
+    the one with the fewest passes over the weight wins, the narrower on a
+    tie (M = 2 takes one pass of the 4-row kernel, not two of the 1-row)."""
+    want = {1: "1x16", 2: "4x16", 3: "4x16", 4: "4x16", 5: "6x16", 6: "6x16", 7: "4x16",
+            8: "4x16", 9: "6x16", 12: "6x16", 13: "6x16", 16: "6x16", 1000: "6x16"}
+    for m, tile in want.items():
+        assert dispatch.choose_kernel(np.float32, m).name == f"f32_gemm_{tile}c1__avx2", m
+
+
+def test_int4_dequantized_kernel_from_its_m(avx2_registry):
+    """On the AVX2 level (every kernel up to it available, as on an AVX2
+    CPU), int4 takes the kernel on dequantized weights from
+    DEQUANTIZED_FROM_M rows and the group-sum kernel below, every dtype."""
     edge = dispatch.DEQUANTIZED_FROM_M
     for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
         for m, want in ((1, "f32_qb4w_gemm_6x32c1__avx2"), (edge - 1, "f32_qb4w_gemm_6x32c1__avx2"),
