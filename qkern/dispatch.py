@@ -33,7 +33,9 @@ PASS_OVERHEAD_ROWS = 2
 # Zen 3, f32w on a copy widened beforehand ran at the speed of the 6x16 on
 # packed int8 (docs/tuning.rst: median 1.01 of its time from M = 64), so
 # the conversion it saves costs nothing there and widening chunk by chunk
-# only adds work; the tuner may still pick it.
+# only adds work; the tuner may still pick it.  Not AVX-512 either until
+# an AVX-512 machine has measured its f32w against the kernels on packed
+# int8 (the tuner times both there).
 WIDENED_IN_STATIC_RULE = ("amx",)
 
 # The M from which the static rule takes a level's kernel on int4 weights

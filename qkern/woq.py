@@ -309,7 +309,7 @@ class WoqLinear:
         and benchmarking; default: chosen per call from the batch size.
     memory_budget : int, optional
         Bytes this layer may spend on one copy of the weight widened
-        beforehand (4 bytes a value for the AVX2 ``f32w`` kernel): made when
+        beforehand (4 bytes a value for the ``f32w`` kernels): made when
         the tuner finds a kernel faster on it (:func:`qkern.tuning.widened_ok`),
         or for a forced kernel that reads widened panels, if it fits;
         default 0: the packed weight only.

@@ -195,6 +195,10 @@ def library() -> ctypes.CDLL:
     handle.qk_test_kernel.restype = ctypes.c_void_p
     handle.qk_woq_widened_panel_size.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     handle.qk_woq_widened_panel_size.restype = ctypes.c_size_t
+    handle.qk_woq_widened_size.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    handle.qk_woq_widened_size.restype = ctypes.c_size_t
+    handle.qk_woq_widen_weight.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 2 + [
+        ctypes.c_void_p]
     common = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]  # x_stride, x_offsets, weight
     handle.qk_woq_gemm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 3 + [
         ctypes.c_int, ctypes.c_void_p, *common, ctypes.c_void_p, ctypes.c_void_p,
@@ -220,6 +224,19 @@ def ukernel_call(kern):
 
     return call
 
+
+def widened_weight(kern):
+    """A function widening a packed (n, k) weight for ``kern`` as
+    ``qkern._woq.widen_weight`` does, by the emulated library's driver
+    (qk_woq_widen_weight, with the widening of its registry entry)."""
+
+    def widen(panels, n, k):
+        entry, lib = _driver_args(kern, None)[0], library()
+        wide = aligned_empty(lib.qk_woq_widened_size(entry, n, k))
+        assert lib.qk_woq_widen_weight(entry, panels.ctypes.data, n, k, wide.ctypes.data) == 0
+        return wide
+
+    return widen
 
 
 def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None, group_size=0,

@@ -3,7 +3,8 @@
     GemmTester(kern).m(3).n(17).k(5).a_stride(9).test()
 
 packs a random int8 weight into the kernel's panels (widened, for a kernel
-that reads widened panels), calls the kernel once
+that reads widened panels, by ``qkern._woq.widen_weight`` or the ``widen``
+given), calls the kernel once
 through ``qkern._woq.ukernel`` (or the ``call`` given: an emulated build,
 tests/emulated_kernels.py) on rows of ``x`` ``a_stride`` elements apart
 (converted to float32 first, as the driver does, for a kernel that
@@ -36,14 +37,23 @@ def packed_panels(w, nr: int, kr: int):
     return panels
 
 
+def _woq_widened(kern, panels, n: int, k: int):
+    """The packed (n, k) weight widened for ``kern`` by the compiled module."""
+    wide = aligned_empty(_woq.widened_size(kern.index, n, k))
+    _woq.widen_weight(kern.index, panels, n, k, wide.view(np.uint8))
+    return wide
+
+
 class GemmTester:
     """One call of a ``panels`` or ``unpacked`` kernel (see the module docstring)."""
 
-    def __init__(self, kern, call=None):
+    def __init__(self, kern, call=None, widen=None):
         self.kern = kern
         # call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride): the
         # micro-kernel itself; by default the compiled one, qkern._woq.ukernel
         self._call = call or (lambda *args: _woq.ukernel(kern.index, *args))
+        # widen(panels, n, k): the whole packed (n, k) weight widened
+        self._widen = widen or (lambda panels, n, k: _woq_widened(kern, panels, n, k))
         self._tile = (kern.mr, kern.nr, kern.kr)
         self._m, self._n, self._k = kern.mr, kern.nr, max(kern.kr, 1)
         self._a_stride = self._c_stride = None
@@ -115,9 +125,7 @@ class GemmTester:
         n_padded = -(-n // kern.nr) * kern.nr
         panels = packed_panels(w, kern.nr, kern.kr)
         if kern.widened:
-            wide = aligned_empty(_woq.widened_size(kern.index, n_padded, k))
-            _woq.widen_weight(kern.index, panels, n_padded, k, wide.view(np.uint8))
-            panels = wide
+            panels = self._widen(panels, n_padded, k)
         scale = np.zeros(n_padded, np.float32)
         scale[:n] = s
         bias = None

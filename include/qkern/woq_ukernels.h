@@ -26,6 +26,7 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx2)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_1x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_4x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemm_ukernel_6x32c2__avx512)
+QK_DECLARE_UKERNEL(qk_woq_f32w_gemm_ukernel_6x32c2__avx512)
 QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_4x1c0__avx512)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
@@ -67,9 +68,11 @@ QK_DECLARE_INT4_UKERNEL(qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2)
 QK_DECLARE_INT4_KBLOCK(qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx)
 QK_DECLARE_INT4_KBLOCK(qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx)
 
-/* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c. */
+/* Widening functions (qk_woq_widen_fn), src/woq/widen-x<NR>c<KR>-<isa>.c:
+ * to f32 on AVX2 and where named _f32_, to bf16 otherwise. */
 void qk_woq_widen_x16c1__avx2(const int8_t* packed, size_t panels, size_t kc, void* out);
 void qk_woq_widen_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
+void qk_woq_widen_f32_x32c2__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 void qk_woq_widen_x32c1__avx512(const int8_t* packed, size_t panels, size_t kc, void* out);
 
 /* Dequantizing functions (qk_woq_dequantize_fn),

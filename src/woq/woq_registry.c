@@ -26,7 +26,7 @@
  * M = 1: 2.4 ms against 3.8 ms with 256 KiB chunks of one panel). */
 #define ONE_ROW_BLOCKING {256, 1u << 20, 0, 1u << 20, QK_WOQ_SPLIT_M}
 /* Chunks of 64 KiB of int8 widen to 256 KiB of f32, half the L2 of the
- * smallest AVX2 core measured (512 KiB). */
+ * smallest AVX2 core measured (512 KiB; AVX-512 cores have 1-2 MiB). */
 #define WIDENED_F32_BLOCKING {256, 64u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
 /* Chunks of 32 KiB of int4 dequantize to 256 KiB of f32 (one panel at
  * least: 512 KiB at K = 4096, which the kernel streams from L3 as fast). */
@@ -82,6 +82,10 @@ const qk_woq_kernel qk_woq_kernels[] = {
      .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemm_6x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 6, 32, 2, ALL, INT8, 0,
      "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_6x32c2__avx512,
+     .convert_x = qk_woq_convert_x__avx2},
+    {"f32w_gemm_6x32c2__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 6, 32, 2, ALL, INT8, 0,
+     "vfmadd231ps zmm", WIDENED_F32_BLOCKING, .fn = qk_woq_f32w_gemm_ukernel_6x32c2__avx512,
+     .widen = qk_woq_widen_f32_x32c2__avx512, .widened_bytes = 4,
      .convert_x = qk_woq_convert_x__avx2},
     {"f32_gemv_4x1c0__avx512", QK_WOQ_UNPACKED, QK_ISA_AVX512, 4, 1, 0, ALL, INT8, 0,
      "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_4x1c0__avx512},

@@ -161,9 +161,9 @@ def test_native_vdpbf16ps_kernels_give_the_model_bits(library):
 
 def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
     """The int8 kernels of one emulated level on one packed layout differ
-    only in MR (docs/semantics.rst, "Determinism"): each row of a problem
-    gets the same bits from every one of them, called on rows one MR at a
-    time."""
+    only in MR and in reading the panels widened or not (docs/semantics.rst,
+    "Determinism"): each row of a problem gets the same bits from every one
+    of them, called on rows one MR at a time."""
     kernels = [k for k in emu.emulated_kernels(qkern.dispatch.INT8) if k.kind == "panels"]
     families = {(k.isa, k.layout) for k in kernels}
     assert {isa for isa, _ in families} == {"avx512", "avx512_bf16"}, families
@@ -185,9 +185,10 @@ def test_emulated_int8_kernels_of_one_layout_give_a_row_the_same_bits(library):
             for kern in group:
                 x = x_dtype.astype(np.float32) if kern.converts_x else x_dtype
                 call, y = emu.ukernel_call(kern), np.empty((m, n), dtype)
+                w = emu.widened_weight(kern)(panels, n_padded, k) if kern.widened else panels
                 for r in range(0, m, kern.mr):
                     rows = min(kern.mr, m - r)
-                    call(rows, n, k, x[r:r + rows], dtype_code(dtype), panels, scale, bias,
+                    call(rows, n, k, x[r:r + rows], dtype_code(dtype), w, scale, bias,
                          y[r:r + rows], y.strides[0])
                 outs.append(y.view(np.uint8))
             for kern, y in zip(group[1:], outs[1:]):
@@ -331,3 +332,37 @@ def test_emulated_amx_kernel_through_the_driver(library, kern):
             status = (emu.gemm_int4(kern, x, packed, group_size, sz, bias, y, 1, refused)
                       if int4 else emu.gemm(kern, x, packed, scale, bias, y, 1, refused))
             assert status == 1 and np.isnan(y.astype(np.float64)).all()
+
+
+WIDENED_PANELS = [k for k in emu.emulated_kernels(qkern.dispatch.INT8)
+                  if k.kind == "panels" and k.widened]
+
+
+@pytest.mark.parametrize("kern", WIDENED_PANELS, ids=lambda k: k.name)
+def test_emulated_widened_kernel_through_the_driver(library, kern):
+    """The driver widens each task's chunk for an emulated kernel on
+    widened panels (f32w) and gives the bits of its twin on packed panels,
+    through the same driver, at every cut (chunks of one panel to all of
+    them, rows one at a time) and on 1 and 2 threads."""
+    twin = next(k for k in emu.emulated_kernels(qkern.dispatch.INT8)
+                if k.isa == kern.isa and k.layout == kern.layout and k.mr == kern.mr
+                and not k.widened)
+    rng = np.random.default_rng(31)
+    m, n, k = 15, 100, 3 * 32 + 5
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    packed = qkern.packing.PackedWeight(w, kern.layout).data
+    scale = qkern.woq._padded_f32(rng.uniform(1e-3, 2e-2, n).astype(np.float32), 32)
+    bias = qkern.woq._padded_f32(rng.standard_normal(n).astype(np.float32), 32)
+    d = kern.blocking
+    cuts = [None, replace(d, rows=1, chunk_bytes=1, min_macs_per_thread=1),
+            replace(d, chunk_bytes=1 << 30)]
+    for dtype in DTYPES:
+        x = (rng.standard_normal((m, k)) * 4).astype(dtype)
+        want = np.full((m, n), np.nan, dtype)
+        assert emu.gemm(twin, x, packed, scale, bias, want, 1) == 0
+        assert_woq_close(want, x, w, scale[:n], bias[:n])
+        for cut, threads in itertools.product(cuts, (1, 2)):
+            y = np.full((m, n), np.nan, dtype)
+            assert emu.gemm(kern, x, packed, scale, bias, y, threads, cut) == 0
+            assert np.array_equal(y.view(np.uint8), want.view(np.uint8)), (
+                np.dtype(dtype).name, cut, threads)

@@ -477,7 +477,8 @@ def test_avx512_bf16_candidates_include_the_avx512_kernels(monkeypatch):
             k.name for k in qkern.dispatch.REGISTRY if k.layout == (32, 2)
             and k.isa not in ("ref", "avx2") and k.weight_format == int8}
     assert names("float32", (32, 2), "avx512", int8) == {
-        "f32_gemm_1x32c2__avx512", "f32_gemm_4x32c2__avx512", "f32_gemm_6x32c2__avx512"}
+        "f32_gemm_1x32c2__avx512", "f32_gemm_4x32c2__avx512", "f32_gemm_6x32c2__avx512",
+        "f32w_gemm_6x32c2__avx512"}
     assert names("bfloat16", (16, 1), "avx2", int8) == {
         "f32_gemm_1x16c1__avx2", "f32_gemm_4x16c1__avx2", "f32_gemm_6x16c1__avx2",
         "f32w_gemm_6x16c1__avx2"}

@@ -24,12 +24,12 @@ EMULATED = [pytest.param(k, id=f"{k.name}[emulated]") for k in emu.emulated_kern
 
 
 def _testers(kern):
-    call = None
+    call = widen = None
     if not kern.available:  # only emulated kernels get here unavailable
-        call = emu.ukernel_call(kern)
+        call, widen = emu.ukernel_call(kern), emu.widened_weight(kern)
     for dtype in DTYPES:
         if dtype.name in kern.dtypes:
-            yield GemmTester(kern, call).mr(kern.mr).nr(kern.nr).kr(kern.kr).dtype(dtype)
+            yield GemmTester(kern, call, widen).mr(kern.mr).nr(kern.nr).kr(kern.kr).dtype(dtype)
 
 
 def _krs(kern):
