@@ -48,6 +48,12 @@ WIDENED_IN_STATIC_RULE = ("amx",)
 # and two threads.
 DEQUANTIZED_FROM_M = 48
 
+# The ISA levels whose kernel on dequantized int4 weights the static rule
+# takes (from DEQUANTIZED_FROM_M): those where it was measured against the
+# level's kernel on packed int4.  AVX-512's is left to the tuner until an
+# AVX-512 machine has timed it.
+DEQUANTIZED_IN_STATIC_RULE = ("avx2",)
+
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
 
@@ -395,9 +401,10 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     packed layout) wins.  Within it, on the levels of
     ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
     ``m`` needs more than one of its row blocks (the widening is then
-    shared, and a partial last block costs only its rows), and on any level
-    a kernel on dequantized int4 weights from ``DEQUANTIZED_FROM_M``
-    rows; otherwise the kernel on packed panels with the least work,
+    shared, and a partial last block costs only its rows), and on the
+    levels of ``DEQUANTIZED_IN_STATIC_RULE`` a kernel on dequantized int4
+    weights from ``DEQUANTIZED_FROM_M`` rows; otherwise the kernel on
+    packed panels with the least work,
     ``m + ceil(m / MR) * PASS_OVERHEAD_ROWS`` rows' worth (each pass of R
     rows costs R + PASS_OVERHEAD_ROWS), that is the fewest passes, the
     narrower on a tie.
@@ -424,7 +431,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
     widened = [k for k in cands
                if (k.widened and m > k.mr and k.isa in WIDENED_IN_STATIC_RULE)
-               or (k.dequantizes and m >= DEQUANTIZED_FROM_M)]
+               or (k.dequantizes and m >= DEQUANTIZED_FROM_M
+                   and k.isa in DEQUANTIZED_IN_STATIC_RULE)]
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands
     if widened:
         kern = widened[-1]

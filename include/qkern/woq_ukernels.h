@@ -54,6 +54,7 @@ QK_DECLARE_INT4_UKERNEL(qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512)
 QK_DECLARE_INT4_UKERNEL(qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16)
 /* compute "f32dq_qb4w": f32 FMAs over weights the driver dequantized */
 QK_DECLARE_INT4_UKERNEL(qk_woq_f32dq_qb4w_gemm_ukernel_6x32c1__avx2)
+QK_DECLARE_INT4_UKERNEL(qk_woq_f32dq_qb4w_gemm_ukernel_8x32c1__avx512)
 
 /* K-block kernels on int4 groupwise weights and packed x
  * (qk_woq_int4_kblock_fn); compute "tile_qb4w": AMX tile products of the
@@ -80,6 +81,9 @@ void qk_woq_widen_x32c1__avx512(const int8_t* packed, size_t panels, size_t kc, 
 void qk_woq_dequant_x32c1__avx2(const uint8_t* packed, size_t panels, size_t kc, size_t group_size,
                                 const void* sz, size_t sz_stride, qk_dtype dt, size_t nc,
                                 float* out);
+void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t kc,
+                                  size_t group_size, const void* sz, size_t sz_stride, qk_dtype dt,
+                                  size_t nc, float* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
 void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);

@@ -92,6 +92,10 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, 0,
      "vfmadd231ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512},
+    {"f32dq_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, 0,
+     "vfmadd231ps zmm", DEQUANTIZED_F32_BLOCKING, .widened_bytes = 4,
+     .convert_x = qk_woq_convert_x__avx2, .int4_fn = qk_woq_f32dq_qb4w_gemm_ukernel_8x32c1__avx512,
+     .dequantize = qk_woq_dequant_x32c1__avx512},
 #endif
 #ifdef QKERN_HAVE_AVX512_BF16
     {"bf16_gemm_1x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 1, 32, 2, BF16, INT8,

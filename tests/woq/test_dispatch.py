@@ -185,6 +185,25 @@ def test_int4_dequantized_kernel_from_its_m(avx2_registry):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
 
 
+def test_dequantized_int4_kernel_only_where_the_rule_measured_it(monkeypatch):
+    """With every kernel up to AVX-512 available (an AVX-512 CPU without
+    BF16): the AVX-512 kernel on dequantized int4 weights is the tuner's
+    (AVX-512 is not in DEQUANTIZED_IN_STATIC_RULE), so the static rule
+    keeps the kernel on packed int4 at every M there."""
+    import dataclasses
+
+    avx512 = qkern.ISA_LEVELS.index("avx512")
+    monkeypatch.setattr(dispatch, "REGISTRY", [
+        dataclasses.replace(k, available=qkern.ISA_LEVELS.index(k.isa) <= avx512)
+        for k in dispatch.REGISTRY])
+    if not any(k.isa == "avx512" and k.dequantizes for k in dispatch.REGISTRY):
+        pytest.skip("this build has no AVX-512 kernel (the compiler lacks AVX-512)")
+    assert "avx512" not in dispatch.DEQUANTIZED_IN_STATIC_RULE
+    for m in (1, dispatch.DEQUANTIZED_FROM_M, 1000):
+        assert dispatch.choose_kernel(np.float32, m, weight_format=dispatch.INT4).name == (
+            "f32_qb4w_gemm_8x32c1__avx512"), m
+
+
 def test_isa_cap_bad_value_is_a_clear_error():
     r = _python("import qkern", QKERN_ISA="sse9")
     assert r.returncode != 0

@@ -23,10 +23,13 @@ import qkern
 from qkern import _woq
 from qkern._dtypes import bfloat16, dtype_code
 from qkern.dispatch import INT4
-from reference import assert_int4_close, assert_woq_close
+from reference import assert_int4_close, assert_woq_close, int4_dequantized_model
 from ukernel_tester import packed_panels
 
-EMULATED = emu.emulated_kernels(INT4)
+# the int4 kernels called directly on packed panels; a kernel on
+# dequantized panels runs through the driver (below)
+EMULATED = [k for k in emu.emulated_kernels(INT4) if not k.dequantizes]
+DEQUANTIZING = [k for k in emu.emulated_kernels(INT4) if k.dequantizes]
 DTYPES = (np.float32, np.float16, bfloat16)
 
 
@@ -366,3 +369,36 @@ def test_emulated_widened_kernel_through_the_driver(library, kern):
             assert emu.gemm(kern, x, packed, scale, bias, y, threads, cut) == 0
             assert np.array_equal(y.view(np.uint8), want.view(np.uint8)), (
                 np.dtype(dtype).name, cut, threads)
+
+
+@pytest.mark.parametrize("kern", DEQUANTIZING, ids=lambda k: k.name)
+def test_emulated_dequantizing_kernel_gives_the_model_bits(library, kern):
+    """A kernel on int4 weights the driver dequantizes (compute f32dq_qb4w)
+    through the emulated library's driver, which dequantizes each task's
+    chunk with the kernel's own function: bit for bit the order in exact
+    rationals (tests/reference.py), as the AVX2 kernel of the compute
+    gives it, for every row count up to MR + 5 (row blocks and a partial
+    one), last panels with a partial first or second half, groups of 32
+    and 64, with and without bias, at every cut on 1 and 2 threads."""
+    rng = np.random.default_rng(37)
+    m = kern.mr + 5
+    d = kern.blocking
+    cuts = [None, replace(d, rows=1, chunk_bytes=1, min_macs_per_thread=1),
+            replace(d, chunk_bytes=1 << 30)]
+    for dtype, (n, group_size, with_bias) in zip(DTYPES, ((35, 32, False), (50, 64, True),
+                                                          (100, 32, True))):
+        k = 2 * group_size
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        q, sz = qkern.quantize_int4(w.astype(dtype), group_size)
+        x = (rng.standard_normal((m, k)) * 2.0 ** rng.integers(-4, 5, (m, k))).astype(dtype)
+        b = rng.standard_normal(n).astype(dtype) if with_bias else None
+        want = int4_dequantized_model(x, q, sz, group_size, b)
+        packed = qkern.pack_int4(q).reshape(-1)
+        bias = qkern.woq._padded_f32(b.astype(np.float32), 32) if with_bias else None
+        for rows in (1, kern.mr, m):
+            for cut, threads in itertools.product(cuts, (1, 2)):
+                y = np.full((rows, n), np.nan, dtype)
+                assert emu.gemm_int4(kern, x[:rows], packed, group_size, sz, bias, y, threads,
+                                     cut) == 0
+                assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (
+                    np.dtype(dtype).name, n, rows, cut, threads)

@@ -465,14 +465,16 @@ def test_avx512_bf16_candidates_include_the_avx512_kernels(monkeypatch):
     assert {"bf16_gemm_8x32c2__avx512bf16", "f32_gemm_6x32c2__avx512"} <= names(
         "bfloat16", (32, 2), "avx512_bf16", int8)
     assert names("bfloat16", (32, 1), "avx512_bf16", int4) == {
-        "bf16_qb4w_gemm_8x32c1__avx512bf16", "f32_qb4w_gemm_8x32c1__avx512"}
+        "bf16_qb4w_gemm_8x32c1__avx512bf16", "f32_qb4w_gemm_8x32c1__avx512",
+        "f32dq_qb4w_gemm_8x32c1__avx512"}
     if any(k.isa == "amx" for k in qkern.dispatch.REGISTRY):  # the compiler built AMX
         assert names("bfloat16", (32, 1), "amx", int4) == {
             "bf16_qb4w_gemm_8x32c1__avx512bf16", "f32_qb4w_gemm_8x32c1__avx512",
-            "tile_qb4w_gemm_32x32c1__amx", "tilew_qb4w_gemm_32x32c1__amx"}
-        assert names("float32", (32, 1), "amx", int4) == {
-            "f32_qb4w_gemm_8x32c1__avx512", "tile_qb4w_gemm_32x32c1__amx",
+            "f32dq_qb4w_gemm_8x32c1__avx512", "tile_qb4w_gemm_32x32c1__amx",
             "tilew_qb4w_gemm_32x32c1__amx"}
+        assert names("float32", (32, 1), "amx", int4) == {
+            "f32_qb4w_gemm_8x32c1__avx512", "f32dq_qb4w_gemm_8x32c1__avx512",
+            "tile_qb4w_gemm_32x32c1__amx", "tilew_qb4w_gemm_32x32c1__amx"}
         assert names("bfloat16", (32, 2), "amx", int8) == {
             k.name for k in qkern.dispatch.REGISTRY if k.layout == (32, 2)
             and k.isa not in ("ref", "avx2") and k.weight_format == int8}
