@@ -8,7 +8,8 @@ docs/performance.rst.
 Each argument is ``N:K:M[,M...]``. Every row times ``--reps`` calls, each on
 the next of ``--copies`` packed copies of the weight, the weights (int8;
 int8 on a copy widened beforehand for the kernel of this ISA level that
-reads one, made before the timing; int4 in groups of 128) and thread
+reads one, made before the timing; int4 in groups of 128; int4 forced
+onto this level's kernel on dequantized weights, whatever M) and thread
 counts alternating call by call within the row, and prints each layer's
 memory and the min and median in
 milliseconds: CPU time of the calling thread for one thread (what the host
@@ -28,7 +29,7 @@ from qkern import bench
 from qkern._dtypes import bfloat16
 
 DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
-WEIGHTS = ("int8", "int8-widened", "int4")
+WEIGHTS = ("int8", "int8-widened", "int4", "int4-dequantized")
 
 
 def _widened_layer(w, scales, x):
@@ -45,6 +46,17 @@ def _widened_layer(w, scales, x):
                             memory_budget=qkern.dispatch.widened_nbytes(kern, n, k))
     layer(x[:1])
     return layer
+
+
+def _dequantized_layer(rng, n, k, dtype):
+    """An Int4Linear forced onto the kernel on dequantized weights at the
+    static choice's ISA level."""
+    isa = qkern.dispatch.choose_kernel(dtype, 1, weight_format=qkern.dispatch.INT4).isa
+    kern = next((kern for kern in qkern.kernels() if kern.available and kern.isa == isa
+                 and kern.dequantizes and qkern.dispatch.dtype_name(dtype) in kern.dtypes), None)
+    if kern is None:
+        raise SystemExit(f"int4-dequantized: no kernel of level {isa} dequantizes int4")
+    return bench.random_int4_layer(rng, n, k, dtype, kernel=kern.name)
 
 
 def _shape(text: str) -> tuple:
@@ -67,7 +79,7 @@ def main(argv=None) -> None:
     if not weights or not set(weights) <= set(WEIGHTS):
         ap.error(f"--weights: expected some of {', '.join(WEIGHTS)}, got {args.weights!r}")
     rng = np.random.default_rng(0)
-    print(f"{'N':>6} {'K':>6} {'M':>5} {'dtype':9} {'weight':12} {'kernel':26} {'MiB':>5} "
+    print(f"{'N':>6} {'K':>6} {'M':>5} {'dtype':9} {'weight':16} {'kernel':30} {'MiB':>5} "
           f"{'thr':>3} {'min ms':>9} {'median ms':>9}  clock")
     for n, k, ms in args.shapes:
         w = rng.integers(-128, 128, (n, k), dtype=np.int8)
@@ -77,7 +89,8 @@ def main(argv=None) -> None:
             made = {"int8": lambda: qkern.WoqLinear(w, scales.astype(dtype)),
                     "int8-widened": lambda: _widened_layer(w, scales.astype(dtype),
                                                            np.zeros((1, k), dtype)),
-                    "int4": lambda: bench.random_int4_layer(rng, n, k, dtype)}
+                    "int4": lambda: bench.random_int4_layer(rng, n, k, dtype),
+                    "int4-dequantized": lambda: _dequantized_layer(rng, n, k, dtype)}
             layers = {form: itertools.cycle([made[form]() for _ in range(args.copies)])
                       for form in weights}
             for m in ms:
@@ -91,8 +104,8 @@ def main(argv=None) -> None:
                     times[form, t].append(clock() - t0)
                 for (form, t), ts in times.items():
                     layer = next(layers[form])
-                    print(f"{n:6d} {k:6d} {m:5d} {name:9} {form:12} "
-                          f"{layer.kernel_for(m).name:26} {layer.nbytes / 2**20:5.0f} {t:3d} "
+                    print(f"{n:6d} {k:6d} {m:5d} {name:9} {form:16} "
+                          f"{layer.kernel_for(m).name:30} {layer.nbytes / 2**20:5.0f} {t:3d} "
                           f"{min(ts) * 1e3:9.2f} {statistics.median(ts) * 1e3:9.2f}  "
                           f"{'thread CPU' if t == 1 else 'wall'}", flush=True)
 

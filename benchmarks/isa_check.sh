@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The check of one ISA level's kernels on a CPU that has it, the only place
+# they run natively:
+#   bash benchmarks/isa_check.sh amx      # a CPU and OS with AMX-BF16
+#   bash benchmarks/isa_check.sh avx512   # a CPU with AVX-512 (Zen 4/5, Xeon)
+#   TUNE=1 bash benchmarks/isa_check.sh avx512   # and the tuner's runs
+# Output under $OUT (default /tmp/qkern-<level>-check).  Records the CPU's
+# flags of that level, builds qkern in place, runs the WoQ tests (every
+# kernel of the level natively, int8 and int4, against the bound or the
+# model of its order, every blocking and thread count; the tuner), then
+# times, weights cold, calls alternating:
+#   amx     the static choice of int8 and int4 against the same calls
+#           capped at AVX-512-BF16 (QKERN_ISA), so that the M from which
+#           the tile kernels win shows;
+#   avx512  int8 on packed panels against the f32w copy widened
+#           beforehand, int4 against the kernel on dequantized weights (the
+#           two the static rule leaves to the tuner there), and with TUNE=1
+#           the tuner's runs of both formats (docs/tuning.rst).
+# The timings run whatever the tests gave, and the script exits with the
+# tests' status.  Wheels missing there (numpy, ml_dtypes, pytest,
+# hypothesis, simde-py) may be carried in .whl/.  Exits 2 with a message
+# where the CPU, the OS or the compiler gives no kernel of the level,
+# before the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+level=${1:-}
+case "$level" in
+  amx) flags='amx[a-z_0-9]*' ;;
+  avx512) flags='avx512[a-z_0-9]*' ;;
+  *) echo "usage: bash benchmarks/isa_check.sh amx|avx512" >&2; exit 64 ;;
+esac
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/qkern-$level-check}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/qkern-site .whl/*.whl
+  export PYTHONPATH=/tmp/qkern-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+{ grep -m1 "model name" /proc/cpuinfo; grep -o "$flags" /proc/cpuinfo | sort -u || true; } |
+  tee "$OUT/cpu.txt"
+start=$(date +%s)
+$PY setup.py -q build_clib build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "isa_check.sh: built qkern in $(( $(date +%s) - start )) s"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+$PY -c "import qkern"
+$PY -c "import qkern, sys; sys.exit(0 if any(k.isa == '$level' and k.available for k in qkern.kernels()) else 2)" || {
+  echo "isa_check.sh: no $level kernel may run here (CPU, OS or compiler); nothing run"; exit 2; }
+$PY -m qkern info | tee "$OUT/info.txt"
+tests=0
+$PY -m pytest -q -p no:cacheprovider -rs tests/woq/test_ukernels.py tests/woq/test_kernels.py \
+  tests/woq/test_int4.py tests/woq/test_dispatch.py tests/woq/test_tuning.py \
+  tests/woq/test_emulated.py >"$OUT/tests.txt" 2>&1 || tests=$?
+tail -5 "$OUT/tests.txt"
+if [ "$level" = amx ]; then
+  for isa in amx avx512_bf16; do
+    echo "=== QKERN_ISA=$isa"
+    QKERN_ISA=$isa $PY benchmarks/woq_minof.py 4096:4096:1,9,32,33,128,512 11008:4096:128 \
+      --weights int8,int4 --dtypes bfloat16,float32 --threads 1,2 --copies 4 --reps 8 |
+      tee "$OUT/minof-$isa.txt"
+  done
+else
+  # float32: the AVX-512 kernels run it on every AVX-512 CPU (bfloat16 runs
+  # vdpbf16ps where the CPU has AVX-512-BF16)
+  QKERN_ISA=avx512 $PY benchmarks/woq_minof.py 4096:4096:1,2,16,48,128,512 11008:4096:128 \
+    --weights int8,int8-widened,int4,int4-dequantized --dtypes float32 --threads 1,2 \
+    --copies 4 --reps 8 | tee "$OUT/minof-avx512.txt"
+  if [ "${TUNE:-0}" = 1 ]; then
+    for group in "" "--int4-group 128"; do
+      $PY -m qkern tune --shapes 4096x4096 11008x4096 --m 1,16,64,128,512 \
+        --dtypes bfloat16,float32 --threads 1,2 --exhaustive $group |
+        tee -a "$OUT/tune.txt"
+    done
+  fi
+fi
+exit $tests
