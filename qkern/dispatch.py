@@ -18,15 +18,6 @@ from qkern._dtypes import DTYPE_CODES, dtype_name
 
 ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
 
-# What one pass of a kernel on packed panels over the weight costs beyond
-# its rows of FMAs, in rows: widening the int8 weights in-register.  Every
-# such kernel is specialised for each row count, so a pass of R rows costs
-# R + 2.  Measured on an AVX2 Zen 3 (1 thread, 4096 x 4096, ms per pass):
-# 1x16 0.77, 4x16 1.65, 6x16 2.2; and with the row counts, side by side
-# (median ms): 1 row 1.00, 2 rows 1.30, 3 1.71, 4 1.82, 5 1.99, 6 2.48,
-# i.e. R + 2 to within 15 %.
-PASS_OVERHEAD_ROWS = 2
-
 # The ISA levels whose kernels on driver-widened panels the static rule
 # takes when M needs more than one of their row blocks.  AMX: its widened
 # twin shares each chunk's widening among the row blocks.  Not AVX2: on a
@@ -404,10 +395,13 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     shared, and a partial last block costs only its rows), and on the
     levels of ``DEQUANTIZED_IN_STATIC_RULE`` a kernel on dequantized int4
     weights from ``DEQUANTIZED_FROM_M`` rows; otherwise the kernel on
-    packed panels with the least work,
-    ``m + ceil(m / MR) * PASS_OVERHEAD_ROWS`` rows' worth (each pass of R
-    rows costs R + PASS_OVERHEAD_ROWS), that is the fewest passes, the
-    narrower on a tie.
+    packed panels that makes the fewest passes over the weight,
+    ``ceil(m / MR)``, the narrower on a tie.  Every such kernel is
+    specialised for each row count, so a pass of R rows costs about R + 2
+    rows' worth of FMAs (widening the weights in-register costs about two),
+    and the fewest passes is the least work: measured on an AVX2 Zen 3, 1
+    thread, 4096 x 4096, side by side, 1 to 6 rows in 1.00, 1.30, 1.71,
+    1.82, 1.99, 2.48 ms, R + 2 to within 15 %.
     For the weight formats of ``KBLOCK_ABOVE_ONE_ROW_BLOCK``, a level that
     has only K-block kernels is passed over while ``m`` fits in one row
     block of the level below.
@@ -437,7 +431,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     if widened:
         kern = widened[-1]
     else:
-        kern = min(packed, key=lambda k: m + -(-m // k.mr) * PASS_OVERHEAD_ROWS)
+        kern = min(packed, key=lambda k: -(-m // k.mr))  # the first, narrowest, on a tie
     return _log(kern, name, m)
 
 

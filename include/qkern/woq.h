@@ -127,10 +127,12 @@ typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, 
 /* Dequantizes `panels` packed int4 panels of kc k-values (whole groups of
  * group_size, so kc is a multiple of 32; scales_and_zeros sz at their
  * group 0 and first column, groups sz_stride bytes apart, pairs of dtype
- * dt, nothing read at or beyond column nc) into f32 panels: two of 16
- * columns per int4 panel, each kc * 64 bytes, the widened f32 layout of
- * nr = 16, w = fma(q, s, fma(-8, s, z)); 0 beyond column nc, and a second
- * panel wholly beyond nc left unwritten. */
+ * dt, nothing read at or beyond column nc) into kc * 128 bytes of f32 per
+ * int4 panel, w = fma(q, s, fma(-8, s, z)), 0 beyond column nc, in the
+ * layout its kernel reads: on AVX2 two panels of 16 columns, each kc * 64
+ * bytes (the widened f32 layout of nr = 16; a second one wholly beyond nc
+ * left unwritten), on AVX-512 one of 32 columns, each k's 32 values in
+ * column order. */
 typedef void (*qk_woq_dequantize_fn)(const uint8_t* packed, size_t panels, size_t kc,
                                      size_t group_size, const void* sz, size_t sz_stride,
                                      qk_dtype dt, size_t nc, float* out);

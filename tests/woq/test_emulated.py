@@ -379,14 +379,15 @@ def test_emulated_dequantizing_kernel_gives_the_model_bits(library, kern):
     rationals (tests/reference.py), as the AVX2 kernel of the compute
     gives it, for every row count up to MR + 5 (row blocks and a partial
     one), last panels with a partial first or second half, groups of 32
-    and 64, with and without bias, at every cut on 1 and 2 threads."""
+    and 64, with and without bias, every dtype; and at every cut on 1 and
+    2 threads."""
     rng = np.random.default_rng(37)
     m = kern.mr + 5
     d = kern.blocking
     cuts = [None, replace(d, rows=1, chunk_bytes=1, min_macs_per_thread=1),
             replace(d, chunk_bytes=1 << 30)]
-    for dtype, (n, group_size, with_bias) in zip(DTYPES, ((35, 32, False), (50, 64, True),
-                                                          (100, 32, True))):
+    for dtype, (n, group_size, with_bias) in itertools.product(
+            DTYPES, ((35, 32, False), (50, 64, True), (100, 32, True))):
         k = 2 * group_size
         w = rng.standard_normal((n, k)).astype(np.float32)
         q, sz = qkern.quantize_int4(w.astype(dtype), group_size)
@@ -395,10 +396,11 @@ def test_emulated_dequantizing_kernel_gives_the_model_bits(library, kern):
         want = int4_dequantized_model(x, q, sz, group_size, b)
         packed = qkern.pack_int4(q).reshape(-1)
         bias = qkern.woq._padded_f32(b.astype(np.float32), 32) if with_bias else None
-        for rows in (1, kern.mr, m):
-            for cut, threads in itertools.product(cuts, (1, 2)):
-                y = np.full((rows, n), np.nan, dtype)
-                assert emu.gemm_int4(kern, x[:rows], packed, group_size, sz, bias, y, threads,
-                                     cut) == 0
-                assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (
-                    np.dtype(dtype).name, n, rows, cut, threads)
+        runs = [(rows, None, 1) for rows in range(1, m)] + [
+            (m, cut, threads) for cut, threads in itertools.product(cuts, (1, 2))]
+        for rows, cut, threads in runs:
+            y = np.full((rows, n), np.nan, dtype)
+            assert emu.gemm_int4(kern, x[:rows], packed, group_size, sz, bias, y, threads,
+                                 cut) == 0
+            assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (
+                np.dtype(dtype).name, n, rows, cut, threads)

@@ -69,7 +69,7 @@ def test_m_below_mr(kern):
     # time for few rows (then the last ones alone): n covers both steps
     for t in _testers(kern):
         for m in range(1, kern.mr):
-            for n in (1, kern.nr + 3, 2 * kern.nr + 5, 4 * kern.nr + 5):
+            for n in (1, kern.nr + 3, 2 * kern.nr + 5, 3 * kern.nr + 5, 4 * kern.nr + 5):
                 t.m(m).n(n).k(9).seed(m * n).test()
 
 
