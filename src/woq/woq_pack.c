@@ -1,12 +1,69 @@
 /*
  * woq_pack.c -- packs an N x K int8 weight into the panel layout (nr, kr)
- * drawn in include/qkern/woq.h.  Portable C, baseline flags.
+ * drawn in include/qkern/woq.h.  Portable C, baseline flags; where the
+ * baseline has SSE2 (every x86-64), the whole k-blocks of the SIMD
+ * kernels' layouts (16, 1) and (32, 2) are packed by register transposes.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qkern/woq.h"
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+
+/* Transposes the 2^S x 2^S matrix whose row r is v[r], of elements 16 / 2^S
+ * bytes wide (S = 4: 16 x 16 bytes; S = 3: 8 x 8 pairs of bytes).  Each
+ * stage interleaves neighbouring vectors at twice the last stage's width;
+ * afterwards v[i] holds column bit_reverse(S, i). */
+static inline void transpose_rows(int S, __m128i* v) {
+  const int n = 1 << S;
+  __m128i t[16];
+  for (int stage = 4 - S; stage < 4; stage++) {
+    __m128i* src = (stage - (4 - S)) % 2 ? t : v;
+    __m128i* dst = src == v ? t : v;
+    for (int i = 0; i < n / 2; i++) {
+      const __m128i a = src[2 * i], b = src[2 * i + 1];
+      switch (stage) {
+        case 0: dst[i] = _mm_unpacklo_epi8(a, b), dst[i + n / 2] = _mm_unpackhi_epi8(a, b); break;
+        case 1: dst[i] = _mm_unpacklo_epi16(a, b), dst[i + n / 2] = _mm_unpackhi_epi16(a, b); break;
+        case 2: dst[i] = _mm_unpacklo_epi32(a, b), dst[i + n / 2] = _mm_unpackhi_epi32(a, b); break;
+        default: dst[i] = _mm_unpacklo_epi64(a, b), dst[i + n / 2] = _mm_unpackhi_epi64(a, b);
+      }
+    }
+  }
+  if (S % 2) /* an odd number of stages left the result in t */
+    for (int i = 0; i < n; i++) v[i] = t[i];
+}
+
+static inline int bit_reverse(int S, int i) {
+  int r = 0;
+  for (int b = 0; b < S; b++) r |= ((i >> b) & 1) << (S - 1 - b);
+  return r;
+}
+
+/* Packs the k-groups [0, groups) of one whole panel of rows w (ldw bytes
+ * apart) into group (the panel's first k-group), for (nr, kr) = (16, 1) or
+ * (32, 2), in blocks of 16 bytes per row; returns the k-groups done (a
+ * multiple of 16 / kr). */
+static size_t pack_panel_sse2(const int8_t* w, size_t ldw, size_t groups, uint32_t nr, size_t kr,
+                              int8_t* group) {
+  const int S = kr == 1 ? 4 : 3;    /* 16 rows of 16 bytes, or 8 rows of 8 pairs */
+  const size_t per_block = 16 / kr; /* k-groups per 16 bytes of a row */
+  size_t g0 = 0;
+  for (; g0 + per_block <= groups; g0 += per_block)
+    for (size_t j0 = 0; j0 < nr; j0 += (size_t)1 << S) {
+      __m128i v[16];
+      for (int r = 0; r < 1 << S; r++)
+        v[r] = _mm_loadu_si128((const __m128i*)(w + (j0 + r) * ldw + g0 * kr));
+      transpose_rows(S, v);
+      for (int i = 0; i < 1 << S; i++)
+        _mm_storeu_si128((__m128i*)(group + (g0 + bit_reverse(S, i)) * nr * kr + j0 * kr), v[i]);
+    }
+  return g0;
+}
+#endif
 
 static size_t round_up(size_t v, size_t q) { return (v + q - 1) / q * q; }
 
@@ -44,7 +101,14 @@ static void move_panels(int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr, 
   for (size_t p0 = 0; p0 < n; p0 += nr) {
     const size_t cols = n - p0 < nr ? n - p0 : nr;
     int8_t* group = panels + p0 * kp;
-    for (size_t g = 0; g < full_groups + (tail != 0); g++, group += nr * kr) {
+    size_t g = 0;
+#ifdef __SSE2__
+    if (to_panels && cols == nr && ((nr == 16 && kr == 1) || (nr == 32 && kr == 2))) {
+      g = pack_panel_sse2(w + p0 * ldw, ldw, full_groups, nr, kr, group);
+      group += g * nr * kr;
+    }
+#endif
+    for (; g < full_groups + (tail != 0); g++, group += nr * kr) {
       const size_t run = g < full_groups ? kr : tail;
       for (size_t j = 0; j < cols; j++) {
         int8_t* row = w + (p0 + j) * ldw + g * kr;

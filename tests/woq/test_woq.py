@@ -303,11 +303,13 @@ def test_tampered_layer_attributes_refused_before_c():
                                             if k.weight_format == INT8}))
 def test_packed_weight_packs_unpacks_and_reports_its_size(layout):
     """PackedWeight packs and unpacks in C, for every layout of the registry
-    and shapes around its panel and k-group (a partial panel, K = 0)."""
+    and shapes around its panel and k-group (a partial panel, K = 0), and
+    K past whole blocks of 16 bytes a row (packed by transposes, the rest
+    byte by byte)."""
     rng = np.random.default_rng(13)
     nr, kr = layout
     for n, k in [(1, 1), (nr - 1 or 1, 7), (nr, kr or 5), (nr + 1, 2 * max(kr, 1) + 1),
-                 (3 * nr + 2, 64), (5, 0), (0, 5)]:
+                 (3 * nr + 2, 64), (2 * nr, 53), (5, 0), (0, 5)]:
         w = rng.integers(-128, 128, (n, k), dtype=np.int8)
         p = PackedWeight(w, layout)
         assert (p.shape, p.layout, p.format) == ((n, k), layout, "int8_per_channel")
