@@ -45,6 +45,16 @@ DEQUANTIZED_FROM_M = 48
 # AVX-512 machine has timed it.
 DEQUANTIZED_IN_STATIC_RULE = ("avx2",)
 
+# How many calls of a level's kernel on the unpacked weight (layout (1, 0))
+# the functional op makes before it packs the weight instead (2 where not
+# listed).  Packing costs a full read and write of the weight; measured on
+# AVX-512 and AMX machines, 4096 x 4096, M = 8 ran in 4.4 ms unpacked
+# against 1.2 ms + 5.9 ms of packing.  On an AVX2 Zen 3 (4096 x 4096,
+# float32, median, side by side) f32_gemv_4x1c0__avx2 runs within 1.1-1.2x
+# of WoqLinear's packed kernels up to M = 32 (14.5 ms at M = 32 on one
+# thread), where packing per call costs 7.5 ms more and the call 21.9 ms.
+UNPACKED_CALLS = {"avx2": 8}
+
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
 
@@ -384,10 +394,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
 
     With ``unpacked_ok`` (the caller holds only the row-major weight), a
     SIMD kernel on the unpacked weight (layout ``(1, 0)``) wins when ``m``
-    fits in two of its calls: packing costs a full read and write of the
-    weight, more than two passes of that kernel over it (measured on
-    AVX-512 and AMX machines: 4096x4096, M = 8 runs in 4.4 ms unpacked
-    against 1.2 ms + 5.9 ms of packing).  Otherwise the highest available
+    fits in ``UNPACKED_CALLS`` of its calls (two, eight on AVX2): packing
+    costs a full read and write of the weight, more than those passes of
+    that kernel over it.  Otherwise the highest available
     ISA that accepts ``dtype`` (and, when given, reads ``layout``; else a
     packed layout) wins.  Within it, on the levels of
     ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
@@ -409,7 +418,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     name = dtype_name(dtype)
     usable = [k for k in REGISTRY
               if k.available and name in k.dtypes and k.weight_format == weight_format]
-    unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref" and m <= 2 * k.mr]
+    unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref"
+                and m <= UNPACKED_CALLS.get(k.isa, 2) * k.mr]
     if unpacked_ok and layout is None and unpacked:
         return _log(max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa)), name, m)
     cands = [k for k in usable
