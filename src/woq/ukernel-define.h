@@ -55,19 +55,22 @@ QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_
     default: ROWS(MR, DT, __VA_ARGS__);        \
   }
 
+/* switch (dt) calling SWITCH(ROWS, MR, DT) with DT, a compile-time
+ * constant, for each x dtype. */
+#define QK_DTYPE_SWITCH(SWITCH, ROWS, MR)          \
+  switch (dt) {                                    \
+    case QK_F32: SWITCH(ROWS, MR, QK_F32) break;   \
+    case QK_F16: SWITCH(ROWS, MR, QK_F16) break;   \
+    case QK_BF16: SWITCH(ROWS, MR, QK_BF16) break; \
+  }
+
 /* An MR-row kernel (qk_woq_ukernel_fn) for all x dtypes whose body
  * ROWS(R, DT, nc, kc, a, w, scale, bias, c, c_stride) is specialised for
  * each mr = R in 1..MR (MR <= 8). */
 #define QK_UKERNEL_ROWS_SWITCH(ROWS, MR, DT) \
   QK_ROWS_SWITCH(ROWS, MR, DT, nc, kc, a, w, scale, bias, c, c_stride)
-#define QK_DEFINE_UKERNEL_ROWS(NAME, ROWS, MR)                       \
-  void NAME(QK_UKERNEL_PARAMS) {                                     \
-    switch (dt) {                                                    \
-      case QK_F32: QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_F32) break;   \
-      case QK_F16: QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_F16) break;   \
-      case QK_BF16: QK_UKERNEL_ROWS_SWITCH(ROWS, MR, QK_BF16) break; \
-    }                                                                \
-  }
+#define QK_DEFINE_UKERNEL_ROWS(NAME, ROWS, MR) \
+  void NAME(QK_UKERNEL_PARAMS) { QK_DTYPE_SWITCH(QK_UKERNEL_ROWS_SWITCH, ROWS, MR) }
 
 /* QK_DEFINE_UKERNEL_ROWS for bf16 x only (the registry never hands it
  * another dtype). */
@@ -80,27 +83,21 @@ QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_
 /* An int4 kernel (qk_woq_int4_ukernel_fn) for all x dtypes whose body
  * ROWS(R, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride)
  * is specialised for each mr = R in 1..MR (MR <= 8). */
+#define QK_INT4_UKERNEL_PARAMS                                                            \
+  size_t mr, size_t nc, size_t kc, size_t group_size, const float *const *a, qk_dtype dt, \
+      const uint8_t *w, const void *sz, size_t sz_stride, const float *bias, void *c,     \
+      ptrdiff_t c_stride
 #define QK_INT4_ROWS_SWITCH(ROWS, MR, DT) \
   QK_ROWS_SWITCH(ROWS, MR, DT, nc, kc, group_size, a, w, sz, sz_stride, bias, c, c_stride)
-#define QK_DEFINE_INT4_UKERNEL(NAME, ROWS, MR)                                                  \
-  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
-            qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
-            void* c, ptrdiff_t c_stride) {                                                      \
-    switch (dt) {                                                                               \
-      case QK_F32: QK_INT4_ROWS_SWITCH(ROWS, MR, QK_F32) break;                                 \
-      case QK_F16: QK_INT4_ROWS_SWITCH(ROWS, MR, QK_F16) break;                                 \
-      case QK_BF16: QK_INT4_ROWS_SWITCH(ROWS, MR, QK_BF16) break;                               \
-    }                                                                                           \
-  }
+#define QK_DEFINE_INT4_UKERNEL(NAME, ROWS, MR) \
+  void NAME(QK_INT4_UKERNEL_PARAMS) { QK_DTYPE_SWITCH(QK_INT4_ROWS_SWITCH, ROWS, MR) }
 
 /* QK_DEFINE_INT4_UKERNEL for bf16 x only (the registry never hands it
  * another dtype). */
-#define QK_DEFINE_INT4_UKERNEL_BF16(NAME, ROWS, MR)                                             \
-  void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const float* const* a,          \
-            qk_dtype dt, const uint8_t* w, const void* sz, size_t sz_stride, const float* bias, \
-            void* c, ptrdiff_t c_stride) {                                                      \
-    (void)dt;                                                                                   \
-    QK_INT4_ROWS_SWITCH(ROWS, MR, QK_BF16)                                                      \
+#define QK_DEFINE_INT4_UKERNEL_BF16(NAME, ROWS, MR) \
+  void NAME(QK_INT4_UKERNEL_PARAMS) {               \
+    (void)dt;                                       \
+    QK_INT4_ROWS_SWITCH(ROWS, MR, QK_BF16)          \
   }
 
 #endif /* QKERN_UKERNEL_DEFINE_H */
