@@ -57,6 +57,12 @@ import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BF16)
+
+
+def first_dtype(kern) -> np.dtype:
+    """The first of DTYPES that kernel ``kern`` takes (bfloat16 alone, for some)."""
+    return next(d for d in DTYPES if d.name in kern.dtypes)
+
 U32 = 2.0**-24
 U_OUT = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}
 HALF_MIN_SUBNORMAL = {np.dtype(np.float32): 2.0**-150, np.dtype(np.float16): 2.0**-25,

@@ -16,8 +16,9 @@ import pytest
 import qkern
 from conftest import kernel_params
 from qkern import _woq
+from qkern._dtypes import dtype_code
 from qkern.dispatch import INT8
-from reference import DTYPES, assert_woq_close
+from reference import DTYPES, assert_woq_close, first_dtype
 
 POISON = np.nan
 
@@ -247,8 +248,9 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
     bad += ([replace(d, rows=33), replace(d, k_block=48), replace(d, k_block=0),
              replace(d, split="m")]
             if kern.kind == "kblock" else [replace(d, k_block=32)])
-    layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, np.float32), kernel=kern.name)
-    x = np.ones((2, 5), np.float32)
+    dtype = first_dtype(kern)
+    layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, dtype), kernel=kern.name)
+    x = np.ones((2, 5), dtype)
     for blocking in bad:
         with pytest.raises(ValueError, match="blocking"):
             layer(x, blocking=blocking)
@@ -257,13 +259,13 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
     # the driver itself refuses what Python would (the thin layer checks nothing)
     y = np.empty((2, 3), np.float32)
     with pytest.raises(ValueError, match="refused"):
-        _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data, layer._scale_f32,
-                  None,
+        _woq.gemm(kern.index, x, 2, 3, 5, dtype_code(dtype), x.strides[0], None,
+                  layer.packed_weight.data, layer._scale_f32, None,
                   y, 12, 1, (33, 1, 48, 1, 1) if kern.kind == "kblock" else (1, 1, 32, 1, 0))
     with pytest.raises(ValueError, match="refused"):  # an unknown split; a kblock kernel's "m"
-        _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, layer.packed_weight.data, layer._scale_f32,
-                  None, y, 12, 1, kern.blocking.to_driver()[:4] + (
-                      0 if kern.kind == "kblock" else 2,))
+        _woq.gemm(kern.index, x, 2, 3, 5, dtype_code(dtype), x.strides[0], None,
+                  layer.packed_weight.data, layer._scale_f32, None, y, 12, 1,
+                  kern.blocking.to_driver()[:4] + (0 if kern.kind == "kblock" else 2,))
 
 
 @pytest.mark.parametrize("level", qkern.dispatch.ISA_LEVELS)

@@ -12,8 +12,9 @@ import pytest
 import emulated_kernels as emu
 from conftest import kernel_params
 from qkern import _woq
+from qkern._dtypes import dtype_code
 from qkern.dispatch import INT8
-from reference import DTYPES
+from reference import DTYPES, first_dtype
 from ukernel_tester import GemmTester
 
 PARAMS = [p for p in kernel_params() if p.values[0].kind != "kblock"]
@@ -97,9 +98,11 @@ def test_tile_mismatch_and_bad_calls_are_refused(kern):
     panels = np.zeros(_woq.packed_size(kern.nr, 4, kern.nr, kern.kr), np.int8)
     scale = np.zeros(kern.nr, np.float32)
     c = np.zeros((1, kern.nr), np.float32)
-    with pytest.raises(ValueError, match="x: expected"):  # float16 rows read as float32
-        _woq.ukernel(kern.index, 1, 1, 4, np.zeros((1, 4), np.float16), 0, panels, scale,
-                     None, c, c.strides[0])
+    taken = first_dtype(kern)
+    wrong = np.float16 if taken.itemsize == 4 else np.float32
+    with pytest.raises(ValueError, match="x: expected"):  # rows of another width
+        _woq.ukernel(kern.index, 1, 1, 4, np.zeros((1, 4), wrong), dtype_code(taken), panels,
+                     scale, None, c, c.strides[0])
     with pytest.raises(ValueError, match="dtype code 7"):
         _woq.ukernel(kern.index, 1, 1, 4, np.zeros((1, 4), np.float32), 7, panels, scale,
                      None, c, c.strides[0])

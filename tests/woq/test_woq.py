@@ -16,7 +16,7 @@ import qkern
 from process_support import run_python
 from qkern.dispatch import INT8
 from qkern.packing import PackedWeight
-from reference import BF16, DTYPES, assert_woq_close, woq_reference
+from reference import BF16, DTYPES, assert_woq_close, first_dtype, woq_reference
 
 DTYPE_IDS = [d.name for d in DTYPES]
 
@@ -213,13 +213,15 @@ def test_small_n_is_not_padded_to_a_panel(n, k):
         assert packed.nbytes <= rows_padded_to_kr, kern.name
         if k >= 4:  # kr <= 2
             assert packed.nbytes <= 1.25 * n * k, kern.name
-        layer = qkern.WoqLinear(w, s, kernel=kern.name)
+        dtype = first_dtype(kern)
+        layer = qkern.WoqLinear(w, s.astype(dtype), kernel=kern.name)
         assert layer.packed_weight.nbytes == packed.nbytes
-        scales_bytes = n * 4 + 4 * -(-n // nr) * nr  # float32 scales, padded to whole panels
+        scales_bytes = n * dtype.itemsize + 4 * -(-n // nr) * nr  # and as float32, in panels
         assert layer.nbytes <= rows_padded_to_kr + scales_bytes, (kern.name, layer.nbytes)
         assert np.array_equal(layer.weight(), w) and layer.weight().flags.c_contiguous
-        x = rng.standard_normal((5, k)).astype(np.float32)
-        assert_woq_close(layer(x), x, w, s)
+        x = rng.standard_normal((5, k)).astype(dtype)
+        assert_woq_close(layer(x), x, w, s.astype(dtype), daz=kern.flushes_subnormals,
+                         planes=kern.planes(dtype))
         clone = pickle.loads(pickle.dumps(layer))  # Regression (found by fuzzing): weight()
         assert clone(x).tobytes() == layer(x).tobytes()  # came out F-ordered for N = nr + 1
 
