@@ -9,7 +9,10 @@ Each argument is ``N:K:M[,M...]``. Every row times ``--reps`` calls, each on
 the next of ``--copies`` packed copies of the weight, the weights (int8;
 int8 on a copy widened beforehand for the kernel of this ISA level that
 reads one, made before the timing; int4 in groups of 128; int4 forced
-onto this level's kernel on dequantized weights, whatever M) and thread
+onto this level's kernel on dequantized weights, whatever M; ``int8:NAME``
+or ``int4:NAME``, a layer forced onto registry kernel NAME, to time
+kernels of different levels side by side, e.g.
+``--weights int8:bf16_gemm_32x32c2__amx,int8:f32_gemm_4x32c2__avx512``) and thread
 counts alternating call by call within the row, and prints each layer's
 memory and the min and median in
 milliseconds: CPU time of the calling thread for one thread (what the host
@@ -59,6 +62,16 @@ def _dequantized_layer(rng, n, k, dtype):
     return bench.random_int4_layer(rng, n, k, dtype, kernel=kern.name)
 
 
+def _forced(form: str, w, scales, rng):
+    """A maker of layers forced onto the kernel ``form`` names (``int8:NAME``
+    or ``int4:NAME``)."""
+    weight, kernel = form.split(":", 1)
+    if weight == "int8":
+        return lambda: qkern.WoqLinear(w, scales, kernel=kernel)
+    n, k = w.shape
+    return lambda: bench.random_int4_layer(rng, n, k, scales.dtype, kernel=kernel)
+
+
 def _shape(text: str) -> tuple:
     n, k, ms = text.split(":")
     return int(n), int(k), [int(m) for m in ms.split(",")]
@@ -76,8 +89,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
     weights = args.weights.split(",")
-    if not weights or not set(weights) <= set(WEIGHTS):
-        ap.error(f"--weights: expected some of {', '.join(WEIGHTS)}, got {args.weights!r}")
+    if not weights or not all(w in WEIGHTS or w.partition(":")[0] in ("int8", "int4")
+                              for w in weights):
+        ap.error(f"--weights: expected some of {', '.join(WEIGHTS)}, int8:KERNEL or "
+                 f"int4:KERNEL, got {args.weights!r}")
     rng = np.random.default_rng(0)
     print(f"{'N':>6} {'K':>6} {'M':>5} {'dtype':9} {'weight':16} {'kernel':30} {'MiB':>5} "
           f"{'thr':>3} {'min ms':>9} {'median ms':>9}  clock")
@@ -86,7 +101,9 @@ def main(argv=None) -> None:
         scales = rng.uniform(1e-3, 1e-2, n)
         for name in args.dtypes.split(","):
             dtype = DTYPES[name]
-            made = {"int8": lambda: qkern.WoqLinear(w, scales.astype(dtype)),
+            made = {form: _forced(form, w, scales.astype(dtype), rng)
+                    for form in weights if ":" in form}
+            made |= {"int8": lambda: qkern.WoqLinear(w, scales.astype(dtype)),
                     "int8-widened": lambda: _widened_layer(w, scales.astype(dtype),
                                                            np.zeros((1, k), dtype)),
                     "int4": lambda: bench.random_int4_layer(rng, n, k, dtype),
@@ -104,7 +121,8 @@ def main(argv=None) -> None:
                     times[form, t].append(clock() - t0)
                 for (form, t), ts in times.items():
                     layer = next(layers[form])
-                    print(f"{n:6d} {k:6d} {m:5d} {name:9} {form:16} "
+                    label = form.split(":")[0] + (" forced" if ":" in form else "")
+                    print(f"{n:6d} {k:6d} {m:5d} {name:9} {label:16} "
                           f"{layer.kernel_for(m).name:30} {layer.nbytes / 2**20:5.0f} {t:3d} "
                           f"{min(ts) * 1e3:9.2f} {statistics.median(ts) * 1e3:9.2f}  "
                           f"{'thread CPU' if t == 1 else 'wall'}", flush=True)

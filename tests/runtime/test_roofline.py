@@ -240,6 +240,24 @@ def test_minof_script_times_each_row_and_thread_count(capsys):
     assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
 
 
+def test_minof_script_times_forced_kernels_side_by_side(capsys):
+    """--weights int8:NAME,int4:NAME: each layer runs the kernel it names;
+    a name of the wrong weight format or unknown is refused."""
+    int8, int4 = (next(k.name for k in qkern.kernels() if k.available and k.weight_format == f
+                       and k.kind != "unpacked" and "float32" in k.dtypes)
+                  for f in (qkern.dispatch.INT8, qkern.dispatch.INT4))
+    minof = load_benchmark("woq_minof")
+    minof.main(["64:128:3", "--dtypes", "float32", "--weights", f"int8:{int8},int4:{int4}",
+                "--reps", "2", "--copies", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[4], r[5], r[6]) for r in rows] == [("int8", "forced", int8),
+                                                  ("int4", "forced", int4)]
+    with pytest.raises(SystemExit):
+        minof.main(["64:128:3", "--weights", "int2:x"])
+    with pytest.raises(ValueError, match="int4"):
+        minof.main(["64:128:3", "--dtypes", "float32", "--weights", f"int8:{int4}"])
+
+
 def test_minof_script_times_the_widened_copy_beside_the_packed_weight(capsys):
     """--weights int8,int8-widened: the widened layer runs a kernel on a
     widened copy and holds its bytes beside the packed weight."""
