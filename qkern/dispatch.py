@@ -45,15 +45,17 @@ DEQUANTIZED_FROM_M = 48
 # AVX-512 machine has timed it.
 DEQUANTIZED_IN_STATIC_RULE = ("avx2",)
 
-# How many calls of a level's kernel on the unpacked weight (layout (1, 0))
-# the functional op makes before it packs the weight instead (2 where not
-# listed).  Packing costs a full read and write of the weight; measured on
-# AVX-512 and AMX machines, 4096 x 4096, M = 8 ran in 4.4 ms unpacked
-# against 1.2 ms + 5.9 ms of packing.  On an AVX2 Zen 3 (4096 x 4096,
-# float32, median, side by side) f32_gemv_4x1c0__avx2 runs within 1.1-1.2x
-# of WoqLinear's packed kernels up to M = 32 (14.5 ms at M = 32 on one
-# thread), where packing per call costs 7.5 ms more and the call 21.9 ms.
-UNPACKED_CALLS = {"avx2": 8}
+# How many calls of the highest level's kernel on the unpacked weight
+# (layout (1, 0)) the functional op makes before it packs the weight
+# instead.  Packing costs a full read and write of the weight.  On an AVX2
+# Zen 3 (4096 x 4096, float32, median, side by side) f32_gemv_4x1c0__avx2
+# runs within 1.1-1.2x of WoqLinear's packed kernels up to M = 32 (14.5 ms
+# at M = 32 on one thread), where packing per call costs 7.5 ms more and
+# the call 21.9 ms.  On the AMX Xeon (same problem, one thread)
+# f32_gemv_4x1c0__avx512 took 4.3 ms at M = 9 and 7.8 ms at M = 16 against
+# 7.6 and 7.9 ms for packing and the AMX kernel, 9.3 ms against 14.2 at
+# M = 32.
+UNPACKED_CALLS = {"avx2": 8, "avx512": 4}
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
@@ -62,12 +64,43 @@ SPLITS = ("m", "n")
 INT8 = "int8_per_channel"
 INT4 = "int4_groupwise"
 
-# The weight formats whose K-block kernels (AMX) the static rule takes only
-# when M needs more than one row block of the kernels of the level below:
-# int4, whose K-block kernel packs x and sums its groups before any
-# product, while one pass of the kernels below (memory-bound at such M, as
-# it is) needs neither.
-KBLOCK_ABOVE_ONE_ROW_BLOCK = (INT4,)
+# How many of its row blocks M must exceed before the static rule takes a
+# kernel on driver-widened panels, per weight format: int8 one; int4 two:
+# on the AMX Xeon (4096 x 4096, one thread, side by side) tile_qb4w ran
+# M = 33 and 64 in 2.34 and 3.17 ms (bfloat16; float32 3.71 and 5.09)
+# against tilew_qb4w's 2.85 and 3.50 (4.02 and 5.99), and lost from
+# M = 128 (6.36 against 5.86; float32 even, 25.3 against 20.9 at 512).
+WIDENED_ABOVE_ROW_BLOCKS = {INT8: 1, INT4: 2}
+
+# On a CPU with AMX, the M from which the static rule takes the AMX
+# kernels, per weight format and dtype of x; fewer rows run the AVX-512 FMA
+# kernels.  An AMX call costs about the same for 1 to 32 rows (it packs x,
+# splits a float16 row into two bfloat16 planes and a float32 row into
+# three, widens every weight to bfloat16, and for int4 sums x's groups),
+# while a pass of R rows of the AVX-512 kernels costs about R + 2 rows'
+# worth.  Measured on a Xeon with AMX (family 6, 2 vCPUs), 4096 x 4096,
+# weights cold, forced kernels side by side, min of 7, one thread (two
+# gave the same crossovers): int8 bfloat16 AVX-512 1.04-1.11 ms at M = 1-2
+# against AMX 1.27-1.29, at 4 even (1.26 against 1.28) or AVX-512 (1.24
+# against 1.85 in a second run; the tuner, on a slice of the weight in
+# cache, took AMX there by 1.12-1.14), AMX 1.28 against 1.45 at M = 6;
+# float16 1.04-1.29
+# against 1.42-1.53 at M = 1-4, even at 6, AMX at 8 (1.52 against 2.28);
+# float32 1.03-1.49 against 1.65-1.70 at M = 1-6, AMX at 8 (1.66 against
+# 2.18).  int4 bfloat16 0.71 / 0.89 ms against 0.97 / 0.96 at M = 1 / 2,
+# even at 3 (two threads), AMX 0.98 against 1.24 at 4; float16 the same;
+# float32 even at 4 (1.21 against 1.20), AMX 1.25 against 1.56 at 6.
+AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
+              INT4: {"bfloat16": 3, "float16": 3, "float32": 4}}
+
+# ISA levels the static rule passes over (the tuner still times their
+# kernels, qkern.tuning.TUNED_WITH): AVX-512-BF16, whose vdpbf16ps kernels
+# ran slower than the AVX-512 FMA kernels on bfloat16 x at every M measured
+# on the AMX Xeon (as above, one thread: int8 1.12x at M = 1, 1.3-1.8x at
+# M = 2-16; int4 1.18x at M = 1, 1.3-1.75x at M = 2-16), where vdpbf16ps
+# runs at half the FMA's rate.  Zen 4 and 5 run it at the FMA's rate: not
+# measured there.
+PASSED_OVER_IN_STATIC_RULE = ("avx512_bf16",)
 
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
@@ -382,6 +415,20 @@ def get_kernel(name: str) -> Kernel:
     raise ValueError(f"no kernel named {name!r}; see qkern.kernels()")
 
 
+def top_level(dtype, layout: tuple | None = None, weight_format: str = INT8) -> str:
+    """The highest ISA level with an available kernel on packed panels for
+    ``dtype`` (reading ``layout`` when given) and ``weight_format``: the
+    level the tuner's candidates start from, whatever the static rule
+    takes for a given M."""
+    name = dtype_name(dtype)
+    levels = [ISA_LEVELS.index(k.isa) for k in REGISTRY
+              if k.available and name in k.dtypes and k.weight_format == weight_format
+              and (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
+    if not levels:
+        raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
+    return ISA_LEVELS[max(levels)]
+
+
 def choose_layout(dtype) -> tuple:
     """The packed int8 layout ``(nr, kr)`` of the best kernels for ``dtype`` here."""
     return choose_kernel(dtype, 1).layout
@@ -392,13 +439,15 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     """Pick the kernel for an (m x K) @ (K x N) problem in ``dtype`` on
     weights of ``weight_format``.
 
-    With ``unpacked_ok`` (the caller holds only the row-major weight), a
-    SIMD kernel on the unpacked weight (layout ``(1, 0)``) wins when ``m``
-    fits in ``UNPACKED_CALLS`` of its calls (two, eight on AVX2): packing
-    costs a full read and write of the weight, more than those passes of
-    that kernel over it.  Otherwise the highest available
-    ISA that accepts ``dtype`` (and, when given, reads ``layout``; else a
-    packed layout) wins.  Within it, on the levels of
+    With ``unpacked_ok`` (the caller holds only the row-major weight), the
+    highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``)
+    wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (four on
+    AVX-512, eight on AVX2): packing costs a full read and write of the
+    weight, more than those passes of that kernel over it.  Otherwise the
+    highest available ISA that accepts ``dtype`` (and, when given, reads
+    ``layout``; else a packed layout) wins, but for the levels of
+    ``PASSED_OVER_IN_STATIC_RULE`` (AVX-512-BF16), and on a CPU with AMX
+    the AVX-512 level below ``AMX_FROM_M`` rows.  Within it, on the levels of
     ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
     ``m`` needs more than one of its row blocks (the widening is then
     shared, and a partial last block costs only its rows), and on the
@@ -411,30 +460,28 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     and the fewest passes is the least work: measured on an AVX2 Zen 3, 1
     thread, 4096 x 4096, side by side, 1 to 6 rows in 1.00, 1.30, 1.71,
     1.82, 1.99, 2.48 ms, R + 2 to within 15 %.
-    For the weight formats of ``KBLOCK_ABOVE_ONE_ROW_BLOCK``, a level that
-    has only K-block kernels is passed over while ``m`` fits in one row
-    block of the level below.
     """
     name = dtype_name(dtype)
     usable = [k for k in REGISTRY
               if k.available and name in k.dtypes and k.weight_format == weight_format]
-    unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref"
-                and m <= UNPACKED_CALLS.get(k.isa, 2) * k.mr]
+    unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref"]
     if unpacked_ok and layout is None and unpacked:
-        return _log(max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa)), name, m)
+        kern = max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa))
+        if m <= UNPACKED_CALLS[kern.isa] * kern.mr:
+            return _log(kern, name, m)
     cands = [k for k in usable
              if (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
     if not cands:
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
+    levels = [v for v in levels if ISA_LEVELS[v] not in PASSED_OVER_IN_STATIC_RULE] or levels
     top = levels[0]
-    if weight_format in KBLOCK_ABOVE_ONE_ROW_BLOCK and len(levels) > 1 and all(
-            k.kind == "kblock" for k in cands if ISA_LEVELS.index(k.isa) == top):
-        if m <= max(k.mr for k in cands if ISA_LEVELS.index(k.isa) == levels[1]):
-            top = levels[1]
+    if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < AMX_FROM_M[weight_format][name]:
+        top = levels[1]
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
     widened = [k for k in cands
-               if (k.widened and m > k.mr and k.isa in WIDENED_IN_STATIC_RULE)
+               if (k.widened and m > WIDENED_ABOVE_ROW_BLOCKS[weight_format] * k.mr
+                   and k.isa in WIDENED_IN_STATIC_RULE)
                or (k.dequantizes and m >= DEQUANTIZED_FROM_M
                    and k.isa in DEQUANTIZED_IN_STATIC_RULE)]
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands

@@ -11,8 +11,9 @@ beforehand and kept by the layer, when its bytes fit the layer's
 ``memory_budget`` (:class:`~qkern.WoqLinear`). The search starts from the static
 rule's choice (:func:`qkern.dispatch.choose_kernel`, the kernel's default
 blocking, all the call's threads) and improves one dimension at a time:
-the kernel (of the static choice's ISA level, on an AVX-512-BF16 CPU also
-of the AVX-512 level, and on an AMX CPU of both: :data:`TUNED_WITH`), then
+the kernel (of the highest ISA level, :func:`qkern.dispatch.top_level`, on
+an AVX-512-BF16 CPU also of the AVX-512 level, and on an AMX CPU of both:
+:data:`TUNED_WITH`), then
 the thread count, the
 split, the chunk size, the rows per task and, for K-block kernels, the K
 block, and tries the widened copy for the kernels that read one (which
@@ -448,14 +449,14 @@ def _usable(choice: Choice, key: tuple) -> bool:
     return True
 
 
-def widened_ok(dtype, m: int, n: int, k: int, layout: tuple, memory_budget: int) -> bool:
-    """Whether a widened copy of the (n, k) weight is a candidate for an
-    ``m``-row call: a kernel of the static choice's ISA level reads one and
-    its bytes fit ``memory_budget``."""
+def widened_ok(dtype, n: int, k: int, layout: tuple, memory_budget: int) -> bool:
+    """Whether a widened copy of the (n, k) weight is a candidate: a kernel
+    the tuner times (:data:`TUNED_WITH`) reads one and its bytes fit
+    ``memory_budget``."""
     if memory_budget <= 0:
         return False
     name = dtype_name(dtype)
-    isa = dispatch.choose_kernel(DTYPES[name], m, layout).isa
+    isa = dispatch.top_level(DTYPES[name], layout)
     return any(dispatch.widened_copy_fits(kern, n, k, memory_budget)
                for kern in _kernels(name, layout, isa, dispatch.INT8))
 
@@ -618,8 +619,8 @@ def _thread_counts(threads: int) -> list:
     return sorted(counts, reverse=True)
 
 
-#: Levels whose kernels the tuner times beside those of the static choice's
-#: level, on the same packed weight: on an AVX-512-BF16 CPU the AVX-512
+#: Levels whose kernels the tuner times beside those of the highest level
+#: (dispatch.top_level), on the same packed weight: on an AVX-512-BF16 CPU the AVX-512
 #: (FMA) kernels, since which of vdpbf16ps and the FMA wins depends on the
 #: CPU (vdpbf16ps at the FMA's instruction rate on Zen 4 and 5, at half of it
 #: on Intel's); on an AMX CPU both, since the M from which the tile kernels
@@ -630,10 +631,10 @@ TUNED_WITH = {"avx512_bf16": ("avx512",), "amx": ("avx512_bf16", "avx512")}
 
 
 def _kernels(dtype: str, layout: tuple, isa: str, weight_format: str) -> list:
-    """The candidate kernels: those of the static choice's ISA level (whose
-    kernels give a row the same bits, but for an int4 kernel on dequantized
-    weights) and of the levels :data:`TUNED_WITH` adds to it, that read
-    ``layout`` in ``weight_format``."""
+    """The candidate kernels: those of ISA level ``isa`` (whose kernels give
+    a row the same bits, but for an int4 kernel on dequantized weights) and
+    of the levels :data:`TUNED_WITH` adds to it, that read ``layout`` in
+    ``weight_format``."""
     levels = (isa, *TUNED_WITH.get(isa, ()))
     return [k for k in dispatch.REGISTRY
             if k.available and dtype in k.dtypes and k.isa in levels
@@ -654,11 +655,12 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     search = _Search(problem)
     weight_format = dispatch.INT4 if group_size else dispatch.INT8
     static_kern = dispatch.choose_kernel(problem.dtype, m, layout, weight_format=weight_format)
+    top = dispatch.top_level(problem.dtype, layout, weight_format)
     static = _Candidate(static_kern, static_kern.blocking, threads)
     search.warm_up(static)
     search.time(static)
     if exhaustive:
-        for kern in _kernels(dtype, layout, static_kern.isa, weight_format):
+        for kern in _kernels(dtype, layout, top, weight_format):
             dims = [_blockings(kern, kern.blocking, d) or [kern.blocking]
                     for d in ("split", "chunk_bytes", "rows", "k_block")]
             for split, chunk, rows, kb in itertools.product(*dims):
@@ -669,7 +671,7 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
                                for form in _forms(kern, n, k, memory_budget))
     else:
         search.improve(_Candidate(kern, kern.blocking, threads, form)
-                       for kern in _kernels(dtype, layout, static_kern.isa, weight_format)
+                       for kern in _kernels(dtype, layout, top, weight_format)
                        for form in _forms(kern, n, k, memory_budget))
         if search.best is not None:
             best = search.best
@@ -751,7 +753,7 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
     """
     name = dtype_name(dtype)
     layout = tuple(layout) if layout is not None else _layout(name, group_size)
-    ok = not group_size and widened_ok(name, m, n, k, layout, memory_budget)
+    ok = not group_size and widened_ok(name, n, k, layout, memory_budget)
     key = _key(name, m, n, k, threads, layout, group_size, ok)
 
     def build():

@@ -107,59 +107,102 @@ def test_each_cpu_isa_has_its_kernels():
 @pytest.mark.parametrize("weight_format", [dispatch.INT8, dispatch.INT4])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_choice_is_highest_available_isa(dtype, weight_format):
-    """The highest level wins, but for an int4 level of K-block kernels
-    alone while M fits in one row block of the level below."""
-    for m in (1, 2, 7, 8, 9, 64, 1000):
-        np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    """The highest level wins, but for the levels the static rule passes
+    over (AVX-512-BF16) and, on an AMX CPU, the AVX-512 level below
+    AMX_FROM_M rows."""
+    levels = sorted({qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
+                     if k.available and dtype in k.dtypes and k.weight_format == weight_format
+                     and k.isa not in dispatch.PASSED_OVER_IN_STATIC_RULE}, reverse=True)
+    np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 1000):
         kern = dispatch.choose_kernel(np_dtype, m, weight_format=weight_format)
         assert kern.available and dtype in kern.dtypes and kern.weight_format == weight_format
-        levels = sorted({qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
-                         if k.available and dtype in k.dtypes
-                         and k.weight_format == weight_format}, reverse=True)
-        top = [k for k in qkern.kernels() if k.available and dtype in k.dtypes
-               and k.weight_format == weight_format and qkern.ISA_LEVELS.index(k.isa) == levels[0]]
-        below = [k.mr for k in qkern.kernels() if k.available and dtype in k.dtypes
-                 and k.weight_format == weight_format
-                 and qkern.ISA_LEVELS.index(k.isa) == levels[min(1, len(levels) - 1)]]
-        passed_over = (weight_format in dispatch.KBLOCK_ABOVE_ONE_ROW_BLOCK and len(levels) > 1
-                       and all(k.kind == "kblock" for k in top) and m <= max(below))
-        assert qkern.ISA_LEVELS.index(kern.isa) == levels[1 if passed_over else 0], (m, kern.name)
+        below_amx = (qkern.ISA_LEVELS[levels[0]] == "amx"
+                     and m < dispatch.AMX_FROM_M[weight_format][dtype])
+        assert qkern.ISA_LEVELS.index(kern.isa) == levels[1 if below_amx else 0], (m, kern.name)
 
 
-def test_int4_k_block_kernel_only_above_one_row_block_below(monkeypatch):
-    """With every compiled kernel available, as on an AMX CPU: int4 takes
-    the AMX K-block kernel only where M needs more than one row block of
-    the AVX-512-BF16 kernel (bfloat16) or the AVX-512 one (other dtypes),
-    its twin on widened panels where M needs more than one of its row
-    blocks (as int8 does); int8 the AMX kernels at every M."""
+def _registry_up_to(monkeypatch, level: str) -> None:
+    """The registry as a CPU of ``level`` sees it: every kernel up to that
+    level available, none above; skips where the build has none of it."""
+    import dataclasses
+
+    top = qkern.ISA_LEVELS.index(level)
+    monkeypatch.setattr(dispatch, "REGISTRY", [
+        dataclasses.replace(k, available=qkern.ISA_LEVELS.index(k.isa) <= top)
+        for k in dispatch.REGISTRY])
+    if not any(k.isa == level for k in dispatch.REGISTRY):
+        pytest.skip(f"this build has no {level} kernel (the compiler lacks it)")
+
+
+@pytest.fixture
+def every_kernel(monkeypatch):
+    """Every compiled kernel available, as on an AMX CPU."""
     import dataclasses
 
     if not any(k.isa == "amx" for k in qkern.kernels()):
         pytest.skip("this build has no AMX kernel (the compiler lacks AMX)")
     monkeypatch.setattr(dispatch, "REGISTRY",
                         [dataclasses.replace(k, available=True) for k in dispatch.REGISTRY])
-    for dtype, below in ((ml_dtypes.bfloat16, "bf16_qb4w_gemm_8x32c1__avx512bf16"),
-                         (np.float32, "f32_qb4w_gemm_8x32c1__avx512")):
-        for m, want in ((1, below), (8, below), (9, "tile_qb4w_gemm_32x32c1__amx"),
-                        (32, "tile_qb4w_gemm_32x32c1__amx"),
-                        (33, "tilew_qb4w_gemm_32x32c1__amx")):
+
+
+def test_amx_kernels_from_their_m(every_kernel):
+    """On an AMX CPU: the AVX-512 FMA kernels below AMX_FROM_M rows (never
+    the AVX-512-BF16 ones), the AMX kernels from there, their twins on
+    widened panels where M needs more than WIDENED_ABOVE_ROW_BLOCKS of
+    their row blocks (int8 one, int4 two)."""
+    int8 = {"bfloat16": 5, "float16": 7, "float32": 7}
+    int4 = {"bfloat16": 3, "float16": 3, "float32": 4}
+    assert dispatch.AMX_FROM_M == {dispatch.INT8: int8, dispatch.INT4: int4}
+    for name, dtype in (("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16),
+                        ("float32", np.float32)):
+        for fmt in (dispatch.INT8, dispatch.INT4):
+            assert dispatch.top_level(dtype, weight_format=fmt) == "amx"
+        for m in range(1, int8[name]):
+            assert dispatch.choose_kernel(dtype, m).isa == "avx512", (name, m)
+        for m, want in ((int8[name], "bf16_gemm_32x32c2__amx"), (32, "bf16_gemm_32x32c2__amx"),
+                        (33, "bf16w_gemm_32x32c2__amx")):
+            assert dispatch.choose_kernel(dtype, m).name == want, (name, m)
+        for m in range(1, int4[name]):
+            assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == (
+                "f32_qb4w_gemm_8x32c1__avx512"), (name, m)
+        for m, want in ((int4[name], "tile_qb4w_gemm_32x32c1__amx"),
+                        (64, "tile_qb4w_gemm_32x32c1__amx"),
+                        (65, "tilew_qb4w_gemm_32x32c1__amx")):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
-        for m in (1, 8, 9):
-            assert dispatch.choose_kernel(dtype, m).isa == "amx"
+
+
+def test_avx512_bf16_level_is_passed_over(monkeypatch):
+    """With every kernel up to AVX-512-BF16 available (a CPU without AMX):
+    bfloat16 runs the AVX-512 FMA kernels at every M; the vdpbf16ps kernels
+    are the tuner's (TUNED_WITH), which starts from that level."""
+    _registry_up_to(monkeypatch, "avx512_bf16")
+    assert dispatch.PASSED_OVER_IN_STATIC_RULE == ("avx512_bf16",)
+    assert qkern.tuning.TUNED_WITH["avx512_bf16"] == ("avx512",)
+    for fmt in (dispatch.INT8, dispatch.INT4):
+        assert dispatch.top_level(ml_dtypes.bfloat16, weight_format=fmt) == "avx512_bf16"
+        for m in (1, 2, 8, 9, 64, 1000):
+            assert dispatch.choose_kernel(ml_dtypes.bfloat16, m, weight_format=fmt).isa == (
+                "avx512"), (fmt, m)
+
+
+def test_functional_op_reads_the_unpacked_weight_with_the_highest_gemv(every_kernel):
+    """weight_int8pack_mm's unpacked kernel is the highest level's, for up
+    to UNPACKED_CALLS of its calls (AVX-512: 4 x 4 rows); above that the
+    weight is packed, not read by a lower level's GEMV."""
+    assert dispatch.UNPACKED_CALLS == {"avx2": 8, "avx512": 4}
+    for m in (1, 16):
+        assert dispatch.choose_kernel(np.float32, m, unpacked_ok=True).name == (
+            "f32_gemv_4x1c0__avx512")
+    for m in (17, 32):
+        assert dispatch.choose_kernel(np.float32, m, unpacked_ok=True).isa == "amx"
 
 
 @pytest.fixture
 def avx2_registry(monkeypatch):
     """The registry as an AVX2 CPU sees it: every kernel up to that level
     available, none above."""
-    import dataclasses
-
-    avx2 = qkern.ISA_LEVELS.index("avx2")
-    monkeypatch.setattr(dispatch, "REGISTRY", [
-        dataclasses.replace(k, available=qkern.ISA_LEVELS.index(k.isa) <= avx2)
-        for k in dispatch.REGISTRY])
-    if not any(k.isa == "avx2" for k in dispatch.REGISTRY):
-        pytest.skip("this build has no AVX2 kernel (the compiler lacks AVX2)")
+    _registry_up_to(monkeypatch, "avx2")
 
 
 def test_packed_int8_kernel_makes_the_fewest_passes(avx2_registry):
@@ -190,14 +233,7 @@ def test_dequantized_int4_kernel_only_where_the_rule_measured_it(monkeypatch):
     BF16): the AVX-512 kernel on dequantized int4 weights is the tuner's
     (AVX-512 is not in DEQUANTIZED_IN_STATIC_RULE), so the static rule
     keeps the kernel on packed int4 at every M there."""
-    import dataclasses
-
-    avx512 = qkern.ISA_LEVELS.index("avx512")
-    monkeypatch.setattr(dispatch, "REGISTRY", [
-        dataclasses.replace(k, available=qkern.ISA_LEVELS.index(k.isa) <= avx512)
-        for k in dispatch.REGISTRY])
-    if not any(k.isa == "avx512" and k.dequantizes for k in dispatch.REGISTRY):
-        pytest.skip("this build has no AVX-512 kernel (the compiler lacks AVX-512)")
+    _registry_up_to(monkeypatch, "avx512")
     assert "avx512" not in dispatch.DEQUANTIZED_IN_STATIC_RULE
     for m in (1, dispatch.DEQUANTIZED_FROM_M, 1000):
         assert dispatch.choose_kernel(np.float32, m, weight_format=dispatch.INT4).name == (
@@ -253,8 +289,9 @@ def test_unpacked_kernel_only_where_packing_would_dominate():
         name = np.dtype(dtype).name
         # A layer packs once, so it never gets the unpacked layout.
         assert dispatch.choose_kernel(dtype, 1).kind != "unpacked"
-        for m in (1, 4, 8, 9, 32, 33, 64):
+        highest = max((k for k in unpacked if name in k.dtypes),
+                      key=lambda k: qkern.ISA_LEVELS.index(k.isa), default=None)
+        for m in (1, 4, 8, 9, 16, 17, 32, 33, 64):
             kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
-            fits = [k for k in unpacked if name in k.dtypes
-                    and m <= dispatch.UNPACKED_CALLS.get(k.isa, 2) * k.mr]
-            assert (kern.kind == "unpacked") == bool(fits), (name, m, kern.name)
+            fits = highest is not None and m <= dispatch.UNPACKED_CALLS[highest.isa] * highest.mr
+            assert (kern == highest if fits else kern.kind != "unpacked"), (name, m, kern.name)

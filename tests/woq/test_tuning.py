@@ -300,7 +300,7 @@ def test_a_widened_copy_is_a_candidate_only_within_the_budget(monkeypatch):
     monkeypatch.setattr(tuning, "_verify_hook", lambda cand, y: verified.append(cand) or y)
     tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=size - 1)
     assert verified and not any(c.widened for c in verified)
-    assert not tuning.widened_ok(np.float32, m, n, k, kern.layout, size - 1)
+    assert not tuning.widened_ok(np.float32, n, k, kern.layout, size - 1)
     verified.clear()
     choice = tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=size)
     assert any(c.widened and c.kernel == kern for c in verified)
