@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import itertools
+import os
 
 import numpy as np
 
@@ -68,17 +69,40 @@ def aligned_twin(m: int, n: int, k: int) -> tuple:
 # read 119 % of the DRAM bandwidth measured in the same run).
 COLD_FACTOR = 3
 
+# But the copies of one operand never total more than this share of the
+# physical memory: the peers table holds about eight operands' copies at
+# once (qkern's three dtypes, torch's int8 and dense weights, OpenVINO and
+# two ONNX Runtime sessions), and an AMX Xeon VM that reports a 480 MiB
+# last-level cache ran out of its 24 GiB with 3x that for each.
+COLD_MEMORY_SHARE = 1 / 32
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cold_bytes() -> int:
+    """The bytes the copies of one operand total at least (but for the
+    two-copy minimum): COLD_FACTOR times the last-level cache, capped at
+    COLD_MEMORY_SHARE of the physical memory."""
+    return min(COLD_FACTOR * roofline.last_level_cache_bytes(),
+               int(COLD_MEMORY_SHARE * _physical_memory()))
+
 
 def copies_for_cold(nbytes: int) -> int:
-    """How many copies of an ``nbytes`` operand exceed the last-level cache COLD_FACTOR times."""
-    return max(2, -(-COLD_FACTOR * roofline.last_level_cache_bytes() // max(nbytes, 1)))
+    """How many copies of an ``nbytes`` operand total :func:`cold_bytes` (at least two)."""
+    return max(2, -(-cold_bytes() // max(nbytes, 1)))
 
 
 def cold_note() -> str:
     """The header line that says how the weights are kept cold."""
-    return (f"Weights cold: each timed call uses the next of several copies totalling over "
-            f"{COLD_FACTOR}x the {roofline.last_level_cache_bytes() / 2**20:.0f} MiB last-level "
-            f"cache.")
+    llc = roofline.last_level_cache_bytes()
+    note = (f"Weights cold: each timed call uses the next of several copies totalling over "
+            f"{cold_bytes() / llc:.1f}x the {llc / 2**20:.0f} MiB last-level cache")
+    if cold_bytes() < COLD_FACTOR * llc:
+        note += (f" (not {COLD_FACTOR}x: capped at {COLD_MEMORY_SHARE:.3g} of the "
+                 f"{_physical_memory() / 2**30:.0f} GiB memory)")
+    return note + "."
 
 
 def check_same_problem(name: str, got, want, limit: float, against: str) -> None:

@@ -65,12 +65,25 @@ def test_last_level_cache_is_plausible():
     assert (256 << 10) <= roofline.last_level_cache_bytes() <= (4 << 30)
 
 
-def test_cold_copies_exceed_the_cache():
+def test_cold_copies_exceed_the_cache(monkeypatch):
+    """COLD_FACTOR times the last-level cache, but never more than
+    COLD_MEMORY_SHARE of the memory (a VM reporting a 480 MiB cache ran out
+    of memory); the header says when the cap binds."""
     peers = load_benchmark("peers")
     llc = roofline.last_level_cache_bytes()
+    memory = peers._physical_memory()
+    assert peers.cold_bytes() == min(peers.COLD_FACTOR * llc,
+                                     int(peers.COLD_MEMORY_SHARE * memory))
     for nbytes in (1 << 20, 16 << 20, llc, 4 * llc):
         copies = peers.copies_for_cold(nbytes)
-        assert copies >= 2 and copies * nbytes >= peers.COLD_FACTOR * llc
+        assert copies >= 2 and copies * nbytes >= peers.cold_bytes()
+        assert copies == 2 or (copies - 1) * nbytes < peers.cold_bytes()
+    monkeypatch.setattr(peers, "_physical_memory", lambda: 8 << 30)
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 480 << 20)
+    assert peers.cold_bytes() == 256 << 20  # 1/32 of 8 GiB, not 3 x 480 MiB
+    assert "capped at 0.0312 of the 8 GiB memory" in peers.cold_note()
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 32 << 20)
+    assert peers.cold_bytes() == 96 << 20 and "capped" not in peers.cold_note()
 
 
 def test_roofline_seconds_takes_the_binding_ceiling():
