@@ -70,11 +70,13 @@ def aligned_twin(m: int, n: int, k: int) -> tuple:
 COLD_FACTOR = 3
 
 # But the copies of one operand never total more than this share of the
-# physical memory: the peers table holds about eight operands' copies at
-# once (qkern's three dtypes, torch's int8 and dense weights, OpenVINO and
-# two ONNX Runtime sessions), and an AMX Xeon VM that reports a 480 MiB
-# last-level cache ran out of its 24 GiB with 3x that for each.
-COLD_MEMORY_SHARE = 1 / 32
+# physical memory: a table holds about eight operands' copies at once
+# (int8: qkern's three dtypes, torch's int8 and dense weights, OpenVINO and
+# two ONNX Runtime sessions; int4 likewise), a runtime's copy can take
+# several times the operand's bytes, and an AMX Xeon VM that reports a
+# 480 MiB last-level cache ran out of its 24 GiB with 3x that for each
+# operand, and in the int4 table with 1/32 of the memory.
+COLD_MEMORY_SHARE = 1 / 64
 
 
 def _physical_memory() -> int:

@@ -80,8 +80,8 @@ def test_cold_copies_exceed_the_cache(monkeypatch):
         assert copies == 2 or (copies - 1) * nbytes < peers.cold_bytes()
     monkeypatch.setattr(peers, "_physical_memory", lambda: 8 << 30)
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 480 << 20)
-    assert peers.cold_bytes() == 256 << 20  # 1/32 of 8 GiB, not 3 x 480 MiB
-    assert "capped at 0.0312 of the 8 GiB memory" in peers.cold_note()
+    assert peers.cold_bytes() == 128 << 20  # 1/64 of 8 GiB, not 3 x 480 MiB
+    assert "capped at 0.0156 of the 8 GiB memory" in peers.cold_note()
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 32 << 20)
     assert peers.cold_bytes() == 96 << 20 and "capped" not in peers.cold_note()
 
