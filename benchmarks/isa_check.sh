@@ -10,8 +10,9 @@
 # model of its order, every blocking and thread count; the tuner), then
 # times, weights cold, calls alternating:
 #   amx     the static choice of int8 and int4 against the same calls
-#           capped at AVX-512-BF16 (QKERN_ISA), so that the M from which
-#           the tile kernels win shows;
+#           capped at AVX-512-BF16 (QKERN_ISA; the AVX-512 FMA kernels
+#           there), around the M from which the static rule takes the tile
+#           kernels (qkern.dispatch.AMX_FROM_M);
 #   avx512  int8 on packed panels against the f32w copy widened
 #           beforehand, int4 against the kernel on dequantized weights (the
 #           two the static rule leaves to the tuner there), and with TUNE=1
@@ -55,7 +56,7 @@ tail -5 "$OUT/tests.txt"
 if [ "$level" = amx ]; then
   for isa in amx avx512_bf16; do
     echo "=== QKERN_ISA=$isa"
-    QKERN_ISA=$isa $PY benchmarks/woq_minof.py 4096:4096:1,9,32,33,128,512 11008:4096:128 \
+    QKERN_ISA=$isa $PY benchmarks/woq_minof.py 4096:4096:1,3,4,6,8,32,33,128,512 11008:4096:128 \
       --weights int8,int4 --dtypes bfloat16,float32 --threads 1,2 --copies 4 --reps 8 |
       tee "$OUT/minof-$isa.txt"
   done
