@@ -84,10 +84,9 @@ WIDENED_ABOVE_ROW_BLOCKS = {INT8: 1, INT4: 2}
 # against AMX 1.27-1.29, at 4 even (1.26 against 1.28) or AVX-512 (1.24
 # against 1.85 in a second run; the tuner, on a slice of the weight in
 # cache, took AMX there by 1.12-1.14), AMX 1.28 against 1.45 at M = 6;
-# float16 1.04-1.29
-# against 1.42-1.53 at M = 1-4, even at 6, AMX at 8 (1.52 against 2.28);
-# float32 1.03-1.49 against 1.65-1.70 at M = 1-6, AMX at 8 (1.66 against
-# 2.18).  int4 bfloat16 0.71 / 0.89 ms against 0.97 / 0.96 at M = 1 / 2,
+# float16 1.04-1.29 against 1.42-1.53 at M = 1-4, even at 6, AMX at 8
+# (1.52 against 2.28); float32 1.03-1.49 against 1.65-1.70 at M = 1-6, AMX
+# at 8 (1.66 against 2.18).  int4 bfloat16 0.71 / 0.89 ms against 0.97 / 0.96 at M = 1 / 2,
 # even at 3 (two threads), AMX 0.98 against 1.24 at 4; float16 the same;
 # float32 even at 4 (1.21 against 1.20), AMX 1.25 against 1.56 at 6.
 AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
@@ -420,13 +419,19 @@ def top_level(dtype, layout: tuple | None = None, weight_format: str = INT8) -> 
     ``dtype`` (reading ``layout`` when given) and ``weight_format``: the
     level the tuner's candidates start from, whatever the static rule
     takes for a given M."""
-    name = dtype_name(dtype)
-    levels = [ISA_LEVELS.index(k.isa) for k in REGISTRY
-              if k.available and name in k.dtypes and k.weight_format == weight_format
-              and (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
-    if not levels:
+    cands = _packed_candidates(dtype_name(dtype), layout, weight_format)
+    return ISA_LEVELS[max(ISA_LEVELS.index(k.isa) for k in cands)]
+
+
+def _packed_candidates(name: str, layout: tuple | None, weight_format: str) -> list:
+    """The available kernels for dtype ``name`` and ``weight_format`` that
+    read ``layout`` (when given; else a packed layout)."""
+    cands = [k for k in REGISTRY
+             if k.available and name in k.dtypes and k.weight_format == weight_format
+             and (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
+    if not cands:
         raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
-    return ISA_LEVELS[max(levels)]
+    return cands
 
 
 def choose_layout(dtype) -> tuple:
@@ -462,17 +467,14 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     1.82, 1.99, 2.48 ms, R + 2 to within 15 %.
     """
     name = dtype_name(dtype)
-    usable = [k for k in REGISTRY
-              if k.available and name in k.dtypes and k.weight_format == weight_format]
-    unpacked = [k for k in usable if k.kind == "unpacked" and k.isa != "ref"]
+    unpacked = [k for k in REGISTRY
+                if k.available and name in k.dtypes and k.weight_format == weight_format
+                and k.kind == "unpacked" and k.isa != "ref"]
     if unpacked_ok and layout is None and unpacked:
         kern = max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa))
         if m <= UNPACKED_CALLS[kern.isa] * kern.mr:
             return _log(kern, name, m)
-    cands = [k for k in usable
-             if (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
-    if not cands:
-        raise ValueError(f"no available kernel for dtype {name} and layout {layout}")
+    cands = _packed_candidates(name, layout, weight_format)
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
     levels = [v for v in levels if ISA_LEVELS[v] not in PASSED_OVER_IN_STATIC_RULE] or levels
     top = levels[0]
