@@ -51,11 +51,11 @@ DEQUANTIZED_IN_STATIC_RULE = ("avx2",)
 # Zen 3 (4096 x 4096, float32, median, side by side) f32_gemv_4x1c0__avx2
 # runs within 1.1-1.2x of WoqLinear's packed kernels up to M = 32 (14.5 ms
 # at M = 32 on one thread), where packing per call costs 7.5 ms more and
-# the call 21.9 ms.  On the AMX Xeon (same problem, one thread)
-# f32_gemv_4x1c0__avx512 took 4.3 ms at M = 9 and 7.8 ms at M = 16 against
-# 7.6 and 7.9 ms for packing and the AMX kernel, 9.3 ms against 14.2 at
-# M = 32.
-UNPACKED_CALLS = {"avx2": 8, "avx512": 4}
+# the call 21.9 ms.  On the AMX Xeon (same problem, one thread, weights
+# cold, median) f32_gemv_8x1c0__avx512 took 2.9 ms at M = 8 and 5.8 ms at
+# M = 16 against 8.4 and 9.0 ms for packing and the AMX kernel, and lost
+# at M = 32 (11.4 against 10.1 ms, bfloat16; float32 13.5 against 12.9).
+UNPACKED_CALLS = {"avx2": 8, "avx512": 3}
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
@@ -446,7 +446,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
 
     With ``unpacked_ok`` (the caller holds only the row-major weight), the
     highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``)
-    wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (four on
+    wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (three on
     AVX-512, eight on AVX2): packing costs a full read and write of the
     weight, more than those passes of that kernel over it.  Otherwise the
     highest available ISA that accepts ``dtype`` (and, when given, reads
