@@ -4,11 +4,13 @@
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, unpacked.
- * x in f32, f16 or bf16.  For each of up to 4 rows of x and C columns at a
+ * x in f32 (the driver converts f16 and bf16 rows once per row block:
+ * convert_x).  For each of up to 4 rows of x and C columns at a
  * time (C = 4 for 1-2 rows, 3 for 3-4: at most 12 sums in the 16 ymm
  * registers, and each row of x, which no longer fits L1 at 3-4 rows, read
  * once per C columns), 8-wide fp32 FMA partial sums along k (int8 widened
- * in-register, x widened once per step and shared by the columns), a
+ * in-register, each x vector loaded once a step and shared by the
+ * columns), a
  * horizontal sum at the end (lanes 0..7 added pairwise, in one fixed
  * order), then scale (multiply), bias (add) and one rounding to the output
  * dtype.  The K tail (K mod 8) goes through zero-padded copies: nothing is
@@ -20,14 +22,6 @@
 
 #include "scalar-convert.h"
 #include "ukernel-define.h"
-
-/* 8 activations from element k as f32. */
-QK_INLINE __m256 load_x(const char* row, size_t k, qk_dtype DT) {
-  if (DT == QK_F32) return _mm256_loadu_ps((const float*)row + k);
-  const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)row + k));
-  if (DT == QK_F16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 /* 8 int8 of a weight row from element k as f32. */
 QK_INLINE __m256 load_w(const int8_t* row, size_t k) {
@@ -44,7 +38,7 @@ QK_INLINE float hsum(__m256 v) {
 /* R (= mr) rows times C columns from n0: sums over whole steps of 8 k,
  * then the tail through zero-padded copies of the last K mod 8 values. */
 QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size_t n0, size_t nc,
-                         size_t kc, const char* const* ar, const int8_t* w, const float* scale,
+                         size_t kc, const float* const* ar, const int8_t* w, const float* scale,
                          const float* bias, void* c, ptrdiff_t c_stride) {
   const int8_t* wr[4];
   for (size_t j = 0; j < C; j++) wr[j] = w + (n0 + j < nc ? n0 + j : nc - 1) * kc;
@@ -58,18 +52,18 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
     __m256 wv[4];
     for (size_t j = 0; j < C; j++) wv[j] = load_w(wr[j], k);
     for (size_t i = 0; i < R; i++) {
-      const __m256 xv = load_x(ar[i], k, DT);
+      const __m256 xv = _mm256_loadu_ps(ar[i] + k);
       for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (k_whole < kc) {
-    const size_t left = kc - k_whole, esize = DT == QK_F32 ? 4 : 2;
+    const size_t left = kc - k_whole;
     int8_t wt[4][8] = {{0}};
-    char xt[4][32] = {{0}};
+    float xt[4][8] = {{0}};
     for (size_t j = 0; j < C; j++) memcpy(wt[j], wr[j] + k_whole, left);
-    for (size_t i = 0; i < R; i++) memcpy(xt[i], ar[i] + k_whole * esize, left * esize);
+    for (size_t i = 0; i < R; i++) memcpy(xt[i], ar[i] + k_whole, left * sizeof(float));
     for (size_t i = 0; i < R; i++) {
-      const __m256 xv = load_x(xt[i], 0, DT);
+      const __m256 xv = _mm256_loadu_ps(xt[i]);
       for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, load_w(wt[j], 0), acc[i][j]);
     }
   }
@@ -94,8 +88,8 @@ QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc
                          const void* const* a, const int8_t* w, const float* scale,
                          const float* bias, void* c, ptrdiff_t c_stride) {
   const size_t C = R <= 2 ? 4 : 3;
-  const char* ar[4];
-  for (size_t i = 0; i < R; i++) ar[i] = (const char*)a[i];
+  const float* ar[4];
+  for (size_t i = 0; i < R; i++) ar[i] = (const float*)a[i];
   for (size_t n0 = 0; n0 < nc; n0 += C)
     gemv_tile(R, C, DT, n0, nc, kc, ar, w, scale, bias, c, c_stride);
 }
