@@ -77,7 +77,8 @@ ISA_LIBRARIES = [
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16", "-mamx-tile",
          "-mamx-bf16"],
         "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();",
-        ["src/woq/bf16-gemm-x32c2-amx.c", "src/woq/tile-qb4w-gemm-x32c1-amx.c",
+        ["src/woq/bf16-gemm-x32c2-amx.c", "src/woq/bf16-gemv-x1c0-amx.c",
+         "src/woq/tile-qb4w-gemm-x32c1-amx.c",
          "src/roofline/peak-tdpbf16ps-amx.c"],
     ),
 ]

@@ -57,7 +57,7 @@ def _table_lines(header: tuple, rows: list) -> list:
 
 def _traits(k) -> str:
     traits = [t for t, on in (("widened", k.widened), ("dequantizes", k.dequantizes),
-                              ("converts-x", k.converts_x),
+                              ("converts-x", k.converts_x), ("packs-x", k.packs_x),
                               ("splits-x", k.splits_x),
                               ("flushes-subnormals", k.flushes_subnormals)) if on]
     return ",".join(traits) or "-"

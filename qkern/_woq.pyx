@@ -41,6 +41,7 @@ def registry():
             "widened": e.widen != NULL, "widened_bytes": e.widened_bytes,
             "dequantizes": e.dequantize != NULL,
             "converts_x": e.convert_x != NULL,
+            "packs_x": e.pack_x != NULL,
             "bound_by": e.bound_by.decode(),
             "blocking": (e.blocking.rows, e.blocking.chunk_bytes, e.blocking.k_block,
                          e.blocking.min_macs_per_thread, e.blocking.split),
@@ -289,7 +290,9 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     ``panels``, ``scale`` and ``bias`` must hold ``nc`` columns of whole
     panels (widened by :func:`widen_weight` for a kernel that reads widened
     panels), ``1 <= mr <= MR`` and ``nc >= 1`` (ValueError otherwise); ``c``
-    is not checked.  A K-block kernel has no single-call micro-kernel
+    is not checked.  For a kernel with its own packing of x (packed x^T),
+    the rows are packed first, as the driver packs them.  A K-block kernel
+    has no single-call micro-kernel
     (ValueError): it runs through :func:`gemm`, whose blockings cut its
     calls.
     """
@@ -320,12 +323,28 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     cdef size_t i
     for i in range(mr):
         rows[i] = <const char*>cnp.PyArray_DATA(x) + i * x.strides[0]
+    # a kernel with pack_x reads its rows packed (transposed), as the driver
+    # packs them: a[0] is the group
+    cdef size_t chunk = (3 if dtype == 0 else 2 if dtype == 1 else 1) * 2048
+    cdef char* packed_x = NULL
+    cdef char* group = NULL
+    if kern.pack_x != NULL:
+        packed_x = <char*>malloc((kc + 31) // 32 * chunk + 64)
+        if packed_x == NULL:
+            raise MemoryError()
+        group = packed_x + (64 - <size_t>packed_x % 64) % 64
+        for i in range(mr):
+            kern.pack_x(rows[i], <qk_dtype>dtype, kc, i, group, chunk)
+        rows[0] = group
     cdef void* cp = cnp.PyArray_DATA(c)
     cdef qk_fpenv saved
-    with nogil:
-        saved = qk_fpenv_enter()
-        kern.fn(mr, nc, kc, rows, <qk_dtype>dtype, &panels[0], &scale[0], bp, cp, c_stride)
-        qk_fpenv_leave(saved)
+    try:
+        with nogil:
+            saved = qk_fpenv_enter()
+            kern.fn(mr, nc, kc, rows, <qk_dtype>dtype, &panels[0], &scale[0], bp, cp, c_stride)
+            qk_fpenv_leave(saved)
+    finally:
+        free(packed_x)
 
 
 def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_size,

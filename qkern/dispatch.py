@@ -55,7 +55,21 @@ DEQUANTIZED_IN_STATIC_RULE = ("avx2",)
 # cold, median) f32_gemv_8x1c0__avx512 took 2.9 ms at M = 8 and 5.8 ms at
 # M = 16 against 8.4 and 9.0 ms for packing and the AMX kernel, and lost
 # at M = 32 (11.4 against 10.1 ms, bfloat16; float32 13.5 against 12.9).
-UNPACKED_CALLS = {"avx2": 8, "avx512": 3}
+# On AMX, bf16_gemv_32x1c0__amx takes up to 32 rows a call at about the
+# cost of one (it widens every weight to bfloat16 once a call): on the AMX
+# Xeon (same problem) 1.9-2.3 ms at M = 8-32, 7.7 ms at M = 128 against
+# 13.8 ms for packing and the AMX kernel (bfloat16; float32 18.8 against
+# 21.0).
+UNPACKED_CALLS = {"avx2": 8, "avx512": 3, "amx": 4}
+
+# On a CPU with AMX, the M from which the functional op takes the AMX
+# kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
+# GEMV, whose cost grows with the rows.  On the AMX Xeon (4096 x 4096, one
+# thread, weights cold, median) the two were even at M = 5 (bfloat16 1.88
+# and 1.82 ms, float32 2.24 and 2.28) and the AMX kernel ahead from 6
+# (bfloat16 1.95 against 2.07) and 7 (float32 2.33 against 2.99); float16,
+# two planes, between.
+AMX_UNPACKED_FROM_M = {"bfloat16": 6, "float16": 7, "float32": 7}
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
@@ -212,8 +226,9 @@ class Blocking:
         return (self.rows, self.chunk_bytes, self.k_block, self.min_macs_per_thread,
                 SPLITS.index(self.split))
 
-    def check(self, kind: str) -> Blocking:
-        """This blocking, if the driver accepts it for a kernel of ``kind``.
+    def check(self, kind: str, packs_x: bool = False) -> Blocking:
+        """This blocking, if the driver accepts it for a kernel of ``kind``
+        (whose rows of x the driver packs, with ``packs_x``).
 
         Raises
         ------
@@ -238,6 +253,9 @@ class Blocking:
                                  f"that are multiples of 32, got {self}")
         elif self.k_block:
             raise ValueError(f"blocking: k_block must be 0 for a {kind} kernel, got {self}")
+        if packs_x and self.rows % 32:
+            raise ValueError(f"blocking: a kernel on packed x needs rows that are a multiple "
+                             f"of 32, got {self}")
         return self
 
 
@@ -298,6 +316,11 @@ class Kernel:
         Whether it reads the rows of x in float32 whatever their dtype: the
         driver converts float16/bfloat16 rows once per row block and
         thread (exactly), so each of the kernel's broadcasts is one load.
+    packs_x : bool
+        Whether the driver packs the rows of x for it, once per row block,
+        into bfloat16 planes laid out as AMX tiles (its blocking's ``rows``
+        are then a multiple of 32): the K-block kernels' A tiles, and the
+        B tiles (x transposed) of the AMX kernel on the unpacked weight.
     bound_by : str
         The instruction whose peak bounds its compute, as named by
         :mod:`qkern.roofline` (``"vfmadd231ps ymm"``, ``"tdpbf16ps"``, ...).
@@ -325,6 +348,7 @@ class Kernel:
     widened_bytes: int
     dequantizes: bool
     converts_x: bool
+    packs_x: bool
     bound_by: str
     blocking: Blocking
     available: bool
@@ -445,10 +469,12 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     weights of ``weight_format``.
 
     With ``unpacked_ok`` (the caller holds only the row-major weight), the
-    highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``)
-    wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (three on
-    AVX-512, eight on AVX2): packing costs a full read and write of the
-    weight, more than those passes of that kernel over it.  Otherwise the
+    highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``;
+    on a CPU with AMX, the AVX-512 level's below ``AMX_UNPACKED_FROM_M``
+    rows) wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (four on
+    AMX, three on AVX-512, eight on AVX2): packing costs a full read and
+    write of the weight, more than those passes of that kernel over it.
+    Otherwise the
     highest available ISA that accepts ``dtype`` (and, when given, reads
     ``layout``; else a packed layout) wins, but for the levels of
     ``PASSED_OVER_IN_STATIC_RULE`` (AVX-512-BF16), and on a CPU with AMX
@@ -471,7 +497,10 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
                 if k.available and name in k.dtypes and k.weight_format == weight_format
                 and k.kind == "unpacked" and k.isa != "ref"]
     if unpacked_ok and layout is None and unpacked:
-        kern = max(unpacked, key=lambda k: ISA_LEVELS.index(k.isa))
+        unpacked.sort(key=lambda k: ISA_LEVELS.index(k.isa), reverse=True)
+        kern = unpacked[0]
+        if kern.isa == "amx" and len(unpacked) > 1 and m < AMX_UNPACKED_FROM_M[name]:
+            kern = unpacked[1]
         if m <= UNPACKED_CALLS[kern.isa] * kern.mr:
             return _log(kern, name, m)
     cands = _packed_candidates(name, layout, weight_format)

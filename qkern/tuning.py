@@ -443,7 +443,7 @@ def _usable(choice: Choice, key: tuple) -> bool:
             kern.reads_widened_copy and key[7].endswith("+widened"))):
         return False
     try:
-        choice.blocking.check(kern.kind)
+        choice.blocking.check(kern.kind, kern.packs_x)
     except (ValueError, TypeError):
         return False
     return True

@@ -201,7 +201,7 @@ def run_rows(kern: Kernel, x, n: int, k: int, out, num_threads, inputs: tuple,
     if blocking is not None and not isinstance(blocking, Blocking):
         raise TypeError(f"blocking: expected a qkern.dispatch.Blocking or None, "
                         f"got {type(blocking).__name__}")
-    cut = None if blocking is None else blocking.check(kern.kind).to_driver()
+    cut = None if blocking is None else blocking.check(kern.kind, kern.packs_x).to_driver()
     threads = _cpu.threads_for_call(_check_threads(num_threads))
     shape = x.shape[:-1] + (n,)
     if out is None:

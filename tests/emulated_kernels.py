@@ -41,8 +41,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PRELUDES = (ROOT / "tests" / "emulation" / "avx512_on_avx2.h",
             ROOT / "tests" / "emulation" / "amx_on_avx2.h")
 EMULATED_ISAS = ("avx512", "avx512_bf16", "amx")
-# the packing of x of the kernels on packed x (include/qkern/woq.h)
+# the packing of x of the kernels on packed x, and of x^T of the kernel on
+# the unpacked weight that packs x (include/qkern/woq.h)
 PACK_X = "qk_woq_pack_x__avx512"
+PACK_XT = "qk_woq_pack_xt__avx512"
 # an int4 kernel's bits are those of the reference of its compute (the int8
 # ones are checked against the float64 reference, tests/ukernel_tester.py):
 # f32_qb4w the portable kernel's, bf16_qb4w a scalar model of the order
@@ -78,7 +80,8 @@ _INT4_KBLOCK_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_void_p, c
                                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                              ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                              ctypes.c_void_p, ctypes.c_ssize_t]
-_PACK_X_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+_PACK_X_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p,
+                ctypes.c_size_t]
 _WIDEN_ARGS = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
 
 
@@ -191,6 +194,7 @@ def library() -> ctypes.CDLL:
         if k.widened and k.kind == "kblock":
             getattr(handle, widen_symbol(k)).argtypes = _WIDEN_ARGS
     getattr(handle, PACK_X).argtypes = _PACK_X_ARGS
+    getattr(handle, PACK_XT).argtypes = _PACK_X_ARGS
     handle.qk_test_kernel.argtypes = [ctypes.c_char_p]
     handle.qk_test_kernel.restype = ctypes.c_void_p
     handle.qk_woq_widened_panel_size.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
@@ -219,6 +223,12 @@ def ukernel_call(kern):
 
     def call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride):
         rows = (ctypes.c_void_p * mr)(*(x.ctypes.data + i * x.strides[0] for i in range(mr)))
+        if kern.packs_x:  # its rows packed transposed, as the driver packs them
+            chunk = (3, 2, 1)[dtype] * 2048  # planes of f32, f16, bf16 (dtype codes)
+            packed_x = aligned_empty(-(-kc // 32) * chunk)
+            for i in range(mr):
+                getattr(library(), PACK_XT)(rows[i], dtype, kc, i, packed_x.ctypes.data, chunk)
+            rows[0] = packed_x.ctypes.data
         fn(mr, nc, kc, rows, dtype, panels.ctypes.data, scale.ctypes.data,
            bias.ctypes.data if bias is not None else None, c.ctypes.data, c_stride)
 
@@ -260,7 +270,7 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
     chunk = planes * 2048
     packed_x = aligned_empty(-(-k // 32) * chunk)
     for i in range(mr):
-        getattr(lib, PACK_X)(x[i].ctypes.data, code, k, packed_x.ctypes.data + 64 * i, chunk)
+        getattr(lib, PACK_X)(x[i].ctypes.data, code, k, i, packed_x.ctypes.data, chunk)
     n_panels = -(-nc // 32)
     acc = aligned_empty(4 * mr * n_panels * 32).view(np.float32)
     acc[:] = np.nan  # the first block must not read it

@@ -58,6 +58,19 @@
  *   so the A tile of rows 0..15 (16..31) of chunk c, plane p, is 1 KiB
  *   contiguous at (c * P + p) * 2048 (+ 1024).  Rows past the last row of x
  *   are not written and never loaded.
+ *
+ * Packed x^T (for an unpacked-weight kernel with a pack_x function: MR =
+ * 32): the same groups, chunks, planes and sizes, each 2 KiB of a chunk
+ * and plane holding AMX B tiles instead, x transposed by pairs of k:
+ *
+ *   for h in 0 .. 1:                       rows 16h .. 16h+15
+ *     for r in 0 .. 15:                    pair of k: 32c + 2r, 32c + 2r + 1
+ *       for i in 0 .. 15:                  row 16h + i of the group
+ *         2 bf16: plane p of x[16h+i, 32c+2r], x[16h+i, 32c+2r+1]
+ *
+ *   so the B tile of rows 0..15 (16..31) of chunk c, plane p, is 1 KiB
+ *   contiguous at (c * P + p) * 2048 (+ 1024).  Pairs of rows past the last
+ *   row of x are not written and never read into a result.
  */
 #ifndef QKERN_WOQ_H
 #define QKERN_WOQ_H
@@ -137,10 +150,10 @@ typedef void (*qk_woq_dequantize_fn)(const uint8_t* packed, size_t panels, size_
                                      size_t group_size, const void* sz, size_t sz_stride,
                                      qk_dtype dt, size_t nc, float* out);
 
-/* Packs one row of kc activations into packed x (layout above): chunk c of
- * plane p at out + c * chunk_stride + p * 2048 bytes (out: the row's first
- * 64 bytes within its group; chunk_stride = P * 2048). */
-typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, void* out,
+/* Packs one row of kc activations, row i (0..31) of the 32-row group at
+ * group, into packed x or packed x^T (layouts above, the kernel's):
+ * chunks chunk_stride = P * 2048 bytes apart, zeros past kc. */
+typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
                                  size_t chunk_stride);
 
 /* Converts one row of kc activations of dtype dt (f16 or bf16; f32 too for
@@ -151,7 +164,9 @@ typedef void (*qk_woq_convert_x_fn)(const void* row, qk_dtype dt, size_t kc, flo
 /* How the driver runs a kernel, and what it reads. */
 typedef enum qk_woq_kind {
   QK_WOQ_PANELS = 0,   /* fn, over packed panels (nr, kr >= 1), or widened ones */
-  QK_WOQ_UNPACKED = 1, /* fn, over the row-major weight itself (nr = 1, kr = 0) */
+  QK_WOQ_UNPACKED = 1, /* fn, over the row-major weight itself (nr = 1, kr = 0);
+                          with pack_x, over packed x^T: a[0] is the group
+                          of its rows, MR = 32 */
   QK_WOQ_KBLOCK = 2    /* kblock (int8: packed or widened panels, kr = 2) or
                           int4_kblock (packed int4 panels), one K block per
                           call, over packed x (pack_x); MR = nr = 32 */
@@ -341,7 +356,8 @@ typedef struct qk_woq_kernel {
   qk_woq_widen_fn widen;    /* NULL: the kernel reads the packed int8 panels */
   uint32_t widened_bytes;   /* with widen or dequantize: bytes per widened
                                value (2, 4) */
-  qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x (layout above) */
+  qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x; QK_WOQ_UNPACKED:
+                               NULL, or writes packed x^T (layouts above) */
   /* QK_WOQ_PANELS: NULL, or the kernel reads f32 rows of x whatever dt (dt
    * is then y's dtype only); the driver converts f16 / bf16 rows with it
    * once per row block and thread, into a per-thread buffer */

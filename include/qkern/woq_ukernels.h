@@ -39,6 +39,7 @@ QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
 
 QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_32x1c0__amx)
 
 /* Kernels on int4 groupwise weights (qk_woq_int4_ukernel_fn); compute
  * "f32_qb4w": f32 FMAs over 4-bit blockwise-scaled weights, "bf16_qb4w":
@@ -86,7 +87,10 @@ void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t k
                                   size_t nc, float* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
-void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out, size_t chunk_stride);
+void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                           size_t chunk_stride);
+void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                            size_t chunk_stride);
 
 /* Activation conversion to f32 (qk_woq_convert_x_fn), src/woq/convert-x-<isa>.c. */
 void qk_woq_convert_x__ref(const void* row, qk_dtype dt, size_t kc, float* out);

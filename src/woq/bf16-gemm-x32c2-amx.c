@@ -106,7 +106,7 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
           _tile_loadd(QK_TILE_B1, bbuf[1], 64);
           QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
         }
-        qk_tile_dpbf16ps_chunk(at + ch * planes * 2048, planes, mr);
+        qk_tile_dpbf16ps_chunk(0, at + ch * planes * 2048, planes, mr);
       }
       QK_ASAN_CHECK(cp, 4 * (ld * (mr - 1) + 32), 1);
       _tile_stored(QK_TILE_C00, cp, 4 * ld);

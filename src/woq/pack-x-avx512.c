@@ -1,7 +1,7 @@
 /*
- * pack-x-avx512.c -- packs one row of activations into the AMX A-tile
- * layout of the bf16 (AMX) kernels (include/qkern/woq.h, "Packed x").
- * AVX-512 F/BW + F16C.
+ * pack-x-avx512.c -- packs one row of activations into the AMX tile
+ * layouts of the bf16 (AMX) kernels (include/qkern/woq.h): "Packed x", A
+ * tiles, and "Packed x^T", B tiles.  AVX-512 F/BW + F16C.
  *
  * bf16 x is copied as is (1 plane).  f32 (24 significant bits) -> 3 bf16
  * planes, f16 (11 bits) -> 2: plane 0 is x truncated to its top 16 bits
@@ -11,10 +11,13 @@
  * kernels' DAZ, within the bound of docs/semantics.rst).  Infinities and
  * NaNs stay whole in plane 0 (NaN kept quiet), later planes 0.
  *
- * Writes, for each chunk c of 32 k and each plane p, the row's 32 values
- * (zero past kc) at out + c * chunk_stride + p * 2048 bytes; x is not read
- * past kc.
+ * For each chunk c of 32 k and each plane p, the row's 32 values (zero past
+ * kc) go to group + c * chunk_stride + p * 2048 bytes: as 64 contiguous
+ * bytes at row i's 64 * i (packed x), or as 16 pairs of k, 64 bytes apart,
+ * at 1024 * (i / 16) + 4 * (i % 16) (packed x^T).  x is not read past kc.
  */
+#include <string.h>
+
 #include "io-avx512.h"
 
 /* 16 lanes: plane bits (x with its low 16 bits cleared, NaN kept quiet) and
@@ -30,32 +33,59 @@ QK_INLINE __m512i take_plane(__m512* x) {
   return top;
 }
 
-void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, void* out,
-                           size_t chunk_stride) {
+/* The row's planes for the chunk of 32 k from k (left = kc - k of them in
+ * x): planes[p], 32 bf16 in k order. */
+QK_INLINE void chunk_planes(const void* row, qk_dtype dt, size_t k, size_t left, size_t planes,
+                            __m512i idx, __m512i out[3]) {
+  QK_ASAN_CHECK((const char*)row + k * (dt == QK_F32 ? 4 : 2),
+                (left < 32 ? left : 32) * (dt == QK_F32 ? 4 : 2), 0);
+  if (dt == QK_BF16) {
+    const __mmask32 m = left >= 32 ? (__mmask32)~0u : (__mmask32)((1u << left) - 1u);
+    out[0] = _mm512_maskz_loadu_epi16(m, (const uint16_t*)row + k);
+    return;
+  }
+  const __mmask16 m0 = qk512_mask(left), m1 = qk512_mask(left > 16 ? left - 16 : 0);
+  __m512 x0, x1;
+  if (dt == QK_F32) {
+    x0 = _mm512_maskz_loadu_ps(m0, (const float*)row + k);
+    x1 = _mm512_maskz_loadu_ps(m1, (const float*)row + k + 16);
+  } else {
+    x0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, (const uint16_t*)row + k));
+    x1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, (const uint16_t*)row + k + 16));
+  }
+  for (size_t p = 0; p < planes; p++) {
+    const __m512i t0 = take_plane(&x0), t1 = take_plane(&x1);
+    out[p] = _mm512_permutex2var_epi16(t0, idx, t1);
+  }
+}
+
+/* Packs row i of a group, as packed x (TRANSPOSED 0) or packed x^T (1). */
+QK_INLINE void pack_row(const int TRANSPOSED, const void* row, qk_dtype dt, size_t kc, size_t i,
+                        void* group, size_t chunk_stride) {
   const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
-  char* o = (char*)out;
+  char* o = (char*)group + (TRANSPOSED ? 1024 * (i / 16) + 4 * (i % 16) : 64 * i);
   for (size_t k = 0; k < kc; k += 32, o += chunk_stride) {
-    const size_t left = kc - k;
-    QK_ASAN_CHECK((const char*)row + k * (dt == QK_F32 ? 4 : 2),
-                  (left < 32 ? left : 32) * (dt == QK_F32 ? 4 : 2), 0);
-    if (dt == QK_BF16) {
-      const __mmask32 m = left >= 32 ? (__mmask32)~0u : (__mmask32)((1u << left) - 1u);
-      _mm512_storeu_si512(o, _mm512_maskz_loadu_epi16(m, (const uint16_t*)row + k));
-      continue;
-    }
-    const __mmask16 m0 = qk512_mask(left), m1 = qk512_mask(left > 16 ? left - 16 : 0);
-    __m512 x0, x1;
-    if (dt == QK_F32) {
-      x0 = _mm512_maskz_loadu_ps(m0, (const float*)row + k);
-      x1 = _mm512_maskz_loadu_ps(m1, (const float*)row + k + 16);
-    } else {
-      x0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, (const uint16_t*)row + k));
-      x1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, (const uint16_t*)row + k + 16));
-    }
+    __m512i v[3];
+    chunk_planes(row, dt, k, kc - k, planes, idx, v);
     for (size_t p = 0; p < planes; p++) {
-      const __m512i t0 = take_plane(&x0), t1 = take_plane(&x1);
-      _mm512_storeu_si512(o + p * 2048, _mm512_permutex2var_epi16(t0, idx, t1));
+      if (TRANSPOSED) { /* pair r of the chunk 64 bytes after pair r - 1 */
+        uint32_t pairs[16];
+        _mm512_storeu_si512(pairs, v[p]);
+        for (size_t r = 0; r < 16; r++) memcpy(o + p * 2048 + 64 * r, &pairs[r], 4);
+      } else {
+        _mm512_storeu_si512(o + p * 2048, v[p]);
+      }
     }
   }
+}
+
+void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                           size_t chunk_stride) {
+  pack_row(0, row, dt, kc, i, group, chunk_stride);
+}
+
+void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                            size_t chunk_stride) {
+  pack_row(1, row, dt, kc, i, group, chunk_stride);
 }

@@ -101,7 +101,7 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
         _tile_loadd(QK_TILE_B0, b, 128);
         _tile_loadd(QK_TILE_B1, b + 64, 128);
         QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
-        qk_tile_dpbf16ps_chunk(at + (g * chunks + ch) * planes * 2048, planes, mr);
+        qk_tile_dpbf16ps_chunk(0, at + (g * chunks + ch) * planes * 2048, planes, mr);
       }
       _tile_stored(QK_TILE_C00, p[0], 128);
       _tile_stored(QK_TILE_C01, p[0] + 16, 128);

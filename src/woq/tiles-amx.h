@@ -37,23 +37,36 @@ static inline __attribute__((always_inline)) void qk_tile_config_32x32(size_t mr
   qk_tile_config_load(rows);
 }
 
-/* C += A B for the `planes` planes of one chunk of packed x from ap
- * (planes 2 KiB apart) and mr rows, against the B tiles already loaded:
- * per plane, rows 0..15, then (mr > 16) rows 16..31, each times B0 and
- * B1. */
-static inline __attribute__((always_inline)) void qk_tile_dpbf16ps_chunk(const char* ap,
+/* C += A B for the `planes` planes of one chunk of x from xp (planes 2 KiB
+ * apart) and mr rows of x: packed x in the A tiles against the B tiles
+ * already loaded (X_IN_B 0), or packed x^T in the B tiles against the A
+ * tiles already loaded (1); per plane, rows 0..15 of x, then (mr > 16)
+ * rows 16..31, each against both loaded tiles.  (A B tile of packed x^T
+ * holds all 16 pairs of k of its rows, so it is read whole.)  The tile
+ * intrinsics take literal tile numbers, hence the two branches. */
+static inline __attribute__((always_inline)) void qk_tile_dpbf16ps_chunk(const int X_IN_B,
+                                                                         const char* xp,
                                                                          size_t planes, size_t mr) {
   const int two = mr > 16;
-  for (size_t p = 0; p < planes; p++, ap += 2048) {
-    QK_ASAN_CHECK(ap, (two ? 1024 + 64 * (mr - 16) : 64 * mr), 0);
-    _tile_loadd(QK_TILE_A0, ap, 64);
-    _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B0);
-    _tile_dpbf16ps(QK_TILE_C01, QK_TILE_A0, QK_TILE_B1);
-    if (two) {
-      _tile_loadd(QK_TILE_A1, ap + 1024, 64);
+  for (size_t p = 0; p < planes; p++, xp += 2048) {
+    QK_ASAN_CHECK(xp, X_IN_B ? (two ? 2048 : 1024) : two ? 1024 + 64 * (mr - 16) : 64 * mr, 0);
+    if (X_IN_B) {
+      _tile_loadd(QK_TILE_B0, xp, 64);
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B0);
       _tile_dpbf16ps(QK_TILE_C10, QK_TILE_A1, QK_TILE_B0);
-      _tile_dpbf16ps(QK_TILE_C11, QK_TILE_A1, QK_TILE_B1);
+    } else {
+      _tile_loadd(QK_TILE_A0, xp, 64);
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B0);
+      _tile_dpbf16ps(QK_TILE_C01, QK_TILE_A0, QK_TILE_B1);
     }
+    if (two && X_IN_B) {
+      _tile_loadd(QK_TILE_B1, xp + 1024, 64);
+      _tile_dpbf16ps(QK_TILE_C01, QK_TILE_A0, QK_TILE_B1);
+    } else if (two) {
+      _tile_loadd(QK_TILE_A1, xp + 1024, 64);
+      _tile_dpbf16ps(QK_TILE_C10, QK_TILE_A1, QK_TILE_B0);
+    }
+    if (two) _tile_dpbf16ps(QK_TILE_C11, QK_TILE_A1, QK_TILE_B1);
   }
 }
 

@@ -30,6 +30,10 @@
  * the group sums of each row, computed with the packing (from x converted
  * to f32, a row at a time per thread).
  *
+ * A kernel on the unpacked weight with pack_x (packed x^T) has each row
+ * block packed the same way, then runs the block's chunks of columns as a
+ * task each (threads split the chunks), reading all of K per call.
+ *
  * Every thread runs its share under the floating-point environment of
  * qkern/fpenv.h, whatever its caller set.
  */
@@ -135,7 +139,8 @@ static const char* x_row(const char* x, int64_t x_stride, const int64_t* x_offse
 /* Rows m0 .. m_end-1 times chunk nb of the panels; wide: NULL, or the
  * thread's buffer of widened panels, which holds chunk *wide_chunk (widened
  * here first if it holds another); xf: NULL, or the thread's f32 rows
- * (converted here first if it holds others). */
+ * (converted here first if it holds others).  For a kernel with pack_x
+ * (packed x^T), x is the packed row block, from row m0. */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
                      int64_t x_stride, const int64_t* x_offsets, char* wide, size_t* wide_chunk,
                      x_rows_f32* xf) {
@@ -162,11 +167,15 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
     xf->count = m_end - m0;
   }
   const void* rows[QK_MAX_MR];
+  const size_t block_m0 = m0;
   for (; m0 < m_end; m0 += p->kern->mr) {
     const size_t mr = m_end - m0 < p->kern->mr ? m_end - m0 : p->kern->mr;
-    for (size_t i = 0; i < mr; i++)
-      rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->row_floats)
-                   : x_row(x, x_stride, x_offsets, m0 + i);
+    if (p->kern->pack_x)
+      rows[0] = x + (m0 - block_m0) / 32 * p->x_group_bytes;
+    else
+      for (size_t i = 0; i < mr; i++)
+        rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->row_floats)
+                     : x_row(x, x_stride, x_offsets, m0 + i);
     const float* bias = p->bias ? p->bias + n0 : NULL;
     char* c = p->y + (int64_t)m0 * p->y_stride + n0 * p->esize;
     if (p->group_size)
@@ -218,12 +227,12 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
 }
 
 /* Whether blocking b follows the rules of qkern/woq.h for a kernel of
- * this kind. */
-static int blocking_valid(const qk_woq_blocking* b, int packing_x) {
+ * this kind (kblock: a K-block kernel; packs_x: one with pack_x). */
+static int blocking_valid(const qk_woq_blocking* b, int kblock, int packs_x) {
   if (b->rows == 0 || b->chunk_bytes == 0 || b->min_macs_per_thread == 0) return 0;
-  return packing_x ? b->rows % 32 == 0 && b->k_block >= 32 && b->k_block % 32 == 0 &&
-                         b->split == QK_WOQ_SPLIT_N
-                   : b->k_block == 0 && (b->split == QK_WOQ_SPLIT_M || b->split == QK_WOQ_SPLIT_N);
+  if (packs_x && b->rows % 32 != 0) return 0;
+  return kblock ? b->k_block >= 32 && b->k_block % 32 == 0 && b->split == QK_WOQ_SPLIT_N
+                : b->k_block == 0 && (b->split == QK_WOQ_SPLIT_M || b->split == QK_WOQ_SPLIT_N);
 }
 
 void qk_woq_group_sums(const float* row, size_t kc, size_t group_size, float* sums) {
@@ -239,14 +248,14 @@ void qk_woq_group_sums(const float* row, size_t kc, size_t group_size, float* su
 static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int64_t x_stride,
                    const int64_t* x_offsets, int num_threads) {
   const qk_woq_kernel* kern = p->kern;
-  const int packing_x = kern->kind == QK_WOQ_KBLOCK;
+  const int kblock = kern->kind == QK_WOQ_KBLOCK, packs_x = kern->pack_x != NULL;
   const size_t m = p->m, n = p->n, k = p->k;
   const qk_dtype dt = p->dt;
   p->esize = dt == QK_F32 ? 4 : 2;
-  p->x_group_bytes = packing_x ? qk_woq_packed_x_group_size(k, dt) : 0;
+  p->x_group_bytes = packs_x ? qk_woq_packed_x_group_size(k, dt) : 0;
   p->rows = blocking->rows;
   p->k_block = blocking->k_block;
-  if (packing_x && p->group_size) /* whole groups, one at least */
+  if (kblock && p->group_size) /* whole groups, one at least */
     p->k_block =
         p->k_block < p->group_size ? p->group_size : p->k_block / p->group_size * p->group_size;
   int threads = num_threads;
@@ -258,7 +267,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   if ((double)threads * blocking->min_macs_per_thread > macs)
     threads = (int)(macs / blocking->min_macs_per_thread) + 1;
 
-  if (packing_x)
+  if (kblock)
     p->panels_per_chunk = blocking->chunk_bytes / (p->k_block * p->k_bytes);
   else
     p->panels_per_chunk =
@@ -269,12 +278,12 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
    * a chunk of fewer, as 256 KiB holds at K = 11008, leaves them
    * latency-bound (int4, one row, 4096 x 11008: 4.3-5.0 ms against
    * 2.5-2.9 ms with four panels a chunk). */
-  if (!packing_x && m <= kern->mr && p->panels_per_chunk < ROW_PANELS_AT_ONCE)
+  if (!kblock && m <= kern->mr && p->panels_per_chunk < ROW_PANELS_AT_ONCE)
     p->panels_per_chunk = ROW_PANELS_AT_ONCE;
   /* The threads of a K-block kernel share the chunks only: a chunk holds
    * at most a thread's share of the panels.  At least one panel, and no
    * more than there are: the per-thread buffers are sized from it. */
-  if (packing_x && p->panels_per_chunk > ceil_div(p->full_panels, (size_t)threads))
+  if (kblock && p->panels_per_chunk > ceil_div(p->full_panels, (size_t)threads))
     p->panels_per_chunk = ceil_div(p->full_panels, (size_t)threads);
   if (p->panels_per_chunk > p->full_panels) p->panels_per_chunk = p->full_panels;
   if (p->panels_per_chunk == 0) p->panels_per_chunk = 1;
@@ -287,7 +296,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const size_t tasks = p->n_chunks * m_blocks;
   const int split_m = blocking->split == QK_WOQ_SPLIT_M;
 
-  const size_t most_parallel = packing_x ? p->n_chunks : tasks;
+  const size_t most_parallel = packs_x ? p->n_chunks : tasks;
   if ((size_t)threads > most_parallel) threads = (int)most_parallel;
 
   /* Buffers (the partial last panel padded, widened panels and f32 sums per
@@ -295,38 +304,37 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
    * written.  The packed weight holds a partial last panel as plain rows
    * (include/qkern/woq.h); the kernels read it padded to a whole panel. */
   const int widening = (kern->widen || kern->dequantize) && !p->widened && k > 0;
-  const size_t wide_k = packing_x && k > p->k_block ? p->k_block : k;
+  const size_t wide_k = kblock && k > p->k_block ? p->k_block : k;
   const size_t wide_stride =
       widening ? (p->panels_per_chunk * qk_woq_widened_panel_size(kern, wide_k) + 63) / 64 * 64 : 0;
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
   const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
-  const size_t acc_stride =
-      packing_x ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
+  const size_t acc_stride = kblock ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
   /* f32 rows of x per thread: a task's rows (at most mc, at most m); for
    * an int4 K-block kernel one row, whose group sums go to xs (a row
    * block's, shared) */
   p->sums_groups = p->group_size && !kern->dequantize;
   const int converting = kern->convert_x && (dt != QK_F32 || p->sums_groups);
   p->row_floats = k + (p->sums_groups ? k / p->group_size : 0);
-  const size_t xf_rows = packing_x ? 1 : m < mc ? m : mc;
+  const size_t xf_rows = kblock ? 1 : m < mc ? m : mc;
   size_t xf_stride = 0;
   if (converting && __builtin_mul_overflow(xf_rows, p->row_floats * sizeof(float), &xf_stride))
     return QK_ERR_NOMEM;
   xf_stride = xf_stride / 64 * 64 + 64;
-  const int summing = packing_x && p->group_size;
+  const int summing = kblock && p->group_size;
   size_t xs_bytes = 0;
   if (summing && __builtin_mul_overflow(block_rows, (k / p->group_size) * sizeof(float), &xs_bytes))
     return QK_ERR_NOMEM;
   int8_t* last_panel = partial ? aligned_alloc(64, (p->panel_bytes + 64) / 64 * 64) : NULL;
   char* wide_all = widening ? aligned_alloc(64, (size_t)threads * wide_stride) : NULL;
-  char* x_block = packing_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
-  char* acc_all = packing_x ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
+  char* x_block = packs_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
+  char* acc_all = kblock ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
   float* xs = summing ? malloc(xs_bytes + 64) : NULL;
   size_t xf_bytes = 0;
   const int xf_fits = !__builtin_mul_overflow((size_t)threads, xf_stride, &xf_bytes);
   char* xf_all = converting && xf_fits ? aligned_alloc(64, xf_bytes) : NULL;
-  if ((partial && !last_panel) || (widening && !wide_all) ||
-      (packing_x && (!x_block || !acc_all)) || (converting && !xf_all) || (summing && !xs)) {
+  if ((partial && !last_panel) || (widening && !wide_all) || (packs_x && !x_block) ||
+      (kblock && !acc_all) || (converting && !xf_all) || (summing && !xs)) {
     free(last_panel);
     free(wide_all);
     free(x_block);
@@ -353,7 +361,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
     size_t wide_chunk = SIZE_MAX; /* the chunk in wide: none yet */
     float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
     x_rows_f32 xf = {xf_all ? (float*)(xf_all + thread * xf_stride) : NULL, 0, 0};
-    if (!packing_x) {
+    if (!packs_x) {
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
         const size_t mb = split_m ? t / p->n_chunks : t % m_blocks;
@@ -370,7 +378,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
 #pragma omp for schedule(static)
         for (size_t r = m0; r < m_end; r++) {
           const char* row = x_row(x, x_stride, x_offsets, r);
-          kern->pack_x(row, dt, k, x_block + (r - m0) / 32 * p->x_group_bytes + (r - m0) % 32 * 64,
+          kern->pack_x(row, dt, k, (r - m0) % 32, x_block + (r - m0) / 32 * p->x_group_bytes,
                        packed_x_chunk_size(dt));
           if (summing) {
             kern->convert_x(row, dt, k, xf.data);
@@ -378,8 +386,12 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
           }
         }
 #pragma omp for schedule(static)
-        for (size_t nb = 0; nb < p->n_chunks; nb++)
-          run_kblock_task(p, nb, m0, m_end, x_block, wide, acc);
+        for (size_t nb = 0; nb < p->n_chunks; nb++) {
+          if (kblock)
+            run_kblock_task(p, nb, m0, m_end, x_block, wide, acc);
+          else
+            run_task(p, nb, m0, m_end, x_block, 0, NULL, wide, &wide_chunk, NULL);
+        }
       }
     }
     qk_fpenv_leave(caller_env);
@@ -397,14 +409,16 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
  * (NULL: the default). */
 static int int8_call_valid(const qk_woq_kernel* kern, const qk_woq_blocking* b, qk_dtype dt) {
   if (!kern) return 0;
-  const int packing_x = kern->kind == QK_WOQ_KBLOCK;
+  const int kblock = kern->kind == QK_WOQ_KBLOCK;
   return kern->mr > 0 && kern->mr <= QK_MAX_MR && kern->nr > 0 &&
          kern->format == QK_WOQ_INT8_PER_CHANNEL && (kern->dtypes & (1u << dt)) &&
-         (packing_x ? kern->pack_x && kern->kblock && !kern->convert_x && kern->mr == 32 &&
-                          kern->nr == 32 && kern->kr == 2
-                    : kern->fn != NULL) &&
+         (kblock ? kern->pack_x && kern->kblock && !kern->convert_x && kern->mr == 32 &&
+                       kern->nr == 32 && kern->kr == 2
+                 : kern->fn != NULL &&
+                       (!kern->pack_x || (kern->kind == QK_WOQ_UNPACKED && kern->mr == 32 &&
+                                          !kern->convert_x && !kern->widen))) &&
          (!kern->widen || kern->widened_bytes > 0) && !kern->dequantize &&
-         blocking_valid(b ? b : &kern->blocking, packing_x);
+         blocking_valid(b ? b : &kern->blocking, kblock, kern->pack_x != NULL);
 }
 
 /* The plan of an int8 call on the packed weight (widened: 0) or on its
@@ -461,13 +475,13 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
   const int packing_x = kern && kern->kind == QK_WOQ_KBLOCK;
   if (!kern || kern->format != QK_WOQ_INT4_GROUPWISE ||
       !(packing_x ? kern->int4_kblock && kern->pack_x && kern->mr == 32
-                  : kern->kind == QK_WOQ_PANELS && kern->int4_fn) ||
+                  : kern->kind == QK_WOQ_PANELS && kern->int4_fn && !kern->pack_x) ||
       !kern->convert_x || (kern->widen && (!packing_x || !kern->widened_bytes)) ||
       (kern->dequantize && (packing_x || kern->widen || kern->widened_bytes != 4)) ||
       kern->mr == 0 || kern->mr > QK_MAX_MR || kern->nr != 32 || kern->kr != 1 ||
       !(kern->dtypes & (1u << dt)) || group_size == 0 ||
       (kern->group_size && group_size % kern->group_size) || k % group_size ||
-      !blocking_valid(blocking, packing_x))
+      !blocking_valid(blocking, packing_x, packing_x))
     return QK_ERR_ARG;
   if (m == 0 || n == 0) return QK_OK;
   plan p = {.kern = kern,

@@ -188,14 +188,21 @@ def test_avx512_bf16_level_is_passed_over(monkeypatch):
 
 def test_functional_op_reads_the_unpacked_weight_with_the_highest_gemv(every_kernel):
     """weight_int8pack_mm's unpacked kernel is the highest level's, for up
-    to UNPACKED_CALLS of its calls (AVX-512: 3 x 8 rows); above that the
-    weight is packed, not read by a lower level's GEMV."""
-    assert dispatch.UNPACKED_CALLS == {"avx2": 8, "avx512": 3}
-    for m in (1, 8, 24):
-        assert dispatch.choose_kernel(np.float32, m, unpacked_ok=True).name == (
-            "f32_gemv_8x1c0__avx512")
-    for m in (25, 32):
-        assert dispatch.choose_kernel(np.float32, m, unpacked_ok=True).isa == "amx"
+    to UNPACKED_CALLS of its calls (AMX: 4 x 32 rows), but below
+    AMX_UNPACKED_FROM_M rows the AVX-512 GEMV's (up to 3 x 8 rows); above
+    that the weight is packed, not read by a lower level's GEMV."""
+    assert dispatch.UNPACKED_CALLS == {"avx2": 8, "avx512": 3, "amx": 4}
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+        from_m = dispatch.AMX_UNPACKED_FROM_M[np.dtype(dtype).name]
+        assert 1 < from_m <= 24
+        for m in (1, from_m - 1):
+            assert dispatch.choose_kernel(dtype, m, unpacked_ok=True).name == (
+                "f32_gemv_8x1c0__avx512"), (dtype, m)
+        for m in (from_m, 32, 128):
+            assert dispatch.choose_kernel(dtype, m, unpacked_ok=True).name == (
+                "bf16_gemv_32x1c0__amx"), (dtype, m)
+        kern = dispatch.choose_kernel(dtype, 129, unpacked_ok=True)
+        assert kern.isa == "amx" and kern.kind != "unpacked"
 
 
 @pytest.fixture
@@ -289,9 +296,14 @@ def test_unpacked_kernel_only_where_packing_would_dominate():
         name = np.dtype(dtype).name
         # A layer packs once, so it never gets the unpacked layout.
         assert dispatch.choose_kernel(dtype, 1).kind != "unpacked"
-        highest = max((k for k in unpacked if name in k.dtypes),
-                      key=lambda k: qkern.ISA_LEVELS.index(k.isa), default=None)
-        for m in (1, 4, 8, 9, 16, 17, 32, 33, 64):
+        levels = sorted((k for k in unpacked if name in k.dtypes),
+                        key=lambda k: qkern.ISA_LEVELS.index(k.isa), reverse=True)
+        for m in (1, 4, 8, 9, 16, 17, 32, 33, 64, 129):
             kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
-            fits = highest is not None and m <= dispatch.UNPACKED_CALLS[highest.isa] * highest.mr
-            assert (kern == highest if fits else kern.kind != "unpacked"), (name, m, kern.name)
+            # the highest level's, but on AMX the next level's for few rows
+            want = levels[0] if levels else None
+            if (want is not None and want.isa == "amx" and len(levels) > 1
+                    and m < dispatch.AMX_UNPACKED_FROM_M[name]):
+                want = levels[1]
+            fits = want is not None and m <= dispatch.UNPACKED_CALLS[want.isa] * want.mr
+            assert (kern == want if fits else kern.kind != "unpacked"), (name, m, kern.name)

@@ -220,8 +220,9 @@ def _blockings(kern) -> list:
     if kern.kind == "kblock":
         return [replace(d, rows=32, k_block=32), replace(d, rows=64, k_block=64, chunk_bytes=1),
                 replace(d, k_block=2048, chunk_bytes=1 << 30, min_macs_per_thread=1)]
-    return [replace(d, rows=1, chunk_bytes=1, split=split) for split in ("m", "n")] + [
-        replace(d, rows=kern.mr + 1, min_macs_per_thread=1, split="n"),
+    group = 32 if kern.packs_x else 1  # rows packed in 32-row groups
+    return [replace(d, rows=group, chunk_bytes=1, split=split) for split in ("m", "n")] + [
+        replace(d, rows=(kern.mr // group + 1) * group, min_macs_per_thread=1, split="n"),
         replace(d, rows=1 << 20, chunk_bytes=1 << 30)]
 
 
@@ -248,6 +249,7 @@ def test_blocking_the_kernel_cannot_take_is_refused(kern):
     bad += ([replace(d, rows=33), replace(d, k_block=48), replace(d, k_block=0),
              replace(d, split="m")]
             if kern.kind == "kblock" else [replace(d, k_block=32)])
+    bad += [replace(d, rows=48)] if kern.packs_x and kern.kind != "kblock" else []
     dtype = first_dtype(kern)
     layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, dtype), kernel=kern.name)
     x = np.ones((2, 5), dtype)

@@ -1,0 +1,129 @@
+/*
+ * bf16-gemv-x1c0-amx.c -- WoQ GEMV micro-kernel 32x1c0 on the *unpacked*
+ * weight, AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW widen the weight
+ * and run the epilogue.
+ *
+ * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
+ * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, and a[0]
+ * the group of mr <= 32 rows of x the driver packed transposed
+ * (qk_woq_pack_xt__avx512, "Packed x^T" in include/qkern/woq.h): bf16 as
+ * is, f16 and f32 split into 2 or 3 bf16 planes whose sum is x exactly,
+ * each plane one more tdpbf16ps per tile.
+ *
+ * It computes y^T = W x^T, 32 columns of y (rows of W) at a time:
+ *
+ *   C  tmm0..tmm3  f32, W rows 0..15 / 16..31 x rows of x 0..15 / 16..31
+ *   A  tmm4, tmm5  W rows 0..15 / 16..31 x 32 k, the int8 widened to bf16
+ *                  (exact: |w| <= 128) into a buffer here, a block of
+ *                  CHUNKS_PER_BLOCK chunks of 32 k at a time, row by row
+ *                  (two lines of each row of W in turn, and the stores
+ *                  drained once per block before the tiles load)
+ *   B  tmm6, tmm7  16 pairs of k x rows of x 0..15 / 16..31: 1 KiB each,
+ *                  straight from packed x^T; each A tile serves both
+ *
+ * so every weight is widened once per call whatever mr, and the work does
+ * not grow with the rows of x: the functional op runs up to 32 rows in one
+ * pass over the weight.  Rows of W past nc repeat the last one, k past kc
+ * read as 0 (masked loads; nothing is read past a row of W).
+ *
+ * tdpbf16ps accumulates in f32, treating bf16 subnormal inputs as zero and
+ * flushing subnormal results (DAZ/FTZ), in its own summation order.
+ * Epilogue: scale (multiply), bias (add), one rounding to the dtype of x
+ * (exact RNE, subnormals kept); only rows < mr and columns < nc are
+ * written.  The tile configuration is loaded for each group of 32 columns
+ * and released before its epilogue.
+ */
+
+#include "io-avx512.h"
+#include "tiles-amx.h"
+#include "ukernel-define.h"
+
+/* 32 int8 of a row of W at row (the first `left` of them when left < 32;
+ * the rest 0) -> 32 bf16. */
+QK_INLINE __m512i widen_w(const int8_t* row, size_t left, __m512i idx) {
+  if (left >= 32) return qk512_i8_to_bf16(row, idx);
+  int8_t tail[32] __attribute__((aligned(16)));
+  _mm_store_si128((__m128i*)tail, _mm_maskz_loadu_epi8(qk512_mask(left), row));
+  _mm_store_si128((__m128i*)(tail + 16),
+                  _mm_maskz_loadu_epi8(qk512_mask(left > 16 ? left - 16 : 0), row + 16));
+  return qk512_i8_to_bf16(tail, idx);
+}
+
+/* Chunks of 32 k widened at a time (8 KiB of A tiles), and how far ahead
+ * in a row of W to prefetch: on the AMX Xeon (4096 x 4096, 8 rows, one
+ * thread, weights cold) 4 chunks and 128 bytes took 1.65-1.8 ms, 8 and
+ * 512 1.85-2.1, 16 and 512 2.3-2.6, 4 and 2048 2.6-2.8. */
+#define CHUNKS_PER_BLOCK 4
+#define W_PREFETCH_BYTES 128
+
+QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, const char* xt,
+                         const int8_t* w, const float* scale, const float* bias, void* c,
+                         ptrdiff_t c_stride) {
+  const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
+  const int two = mr > 16;
+  const size_t chunks = (kc + 31) / 32;
+  const __m512i idx = _mm512_load_si512(qk512_high_halves);
+  const __m512i down =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(32));
+  uint16_t abuf[CHUNKS_PER_BLOCK][2][16][32] __attribute__((aligned(64)));
+  float cbuf[32][32] __attribute__((aligned(64)));
+  const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+  for (size_t n0 = 0; n0 < nc; n0 += 32) {
+    qk_tile_config_load(rows);
+    _tile_zero(QK_TILE_C00);
+    _tile_zero(QK_TILE_C01);
+    _tile_zero(QK_TILE_C10);
+    _tile_zero(QK_TILE_C11);
+    for (size_t c0 = 0; c0 < chunks; c0 += CHUNKS_PER_BLOCK) {
+      const size_t cn = chunks - c0 < CHUNKS_PER_BLOCK ? chunks - c0 : CHUNKS_PER_BLOCK;
+      for (size_t j = 0; j < 32; j++) {
+        const int8_t* wr = w + (n0 + j < nc ? n0 + j : nc - 1) * kc + 32 * c0;
+        const size_t left = kc - 32 * c0; /* k of this row from wr */
+        QK_ASAN_CHECK(wr, left < 32 * cn ? left : 32 * cn, 0);
+        for (size_t q = 0; q < cn; q++) {
+          if ((q & 1) == 0) /* a line holds two chunks */
+            _mm_prefetch((const char*)wr + 32 * q + W_PREFETCH_BYTES, _MM_HINT_T0);
+          _mm512_store_si512(abuf[q][j / 16][j % 16], widen_w(wr + 32 * q, left - 32 * q, idx));
+        }
+      }
+      QK_MEMORY_BARRIER();
+      for (size_t q = 0; q < cn; q++) {
+        _tile_loadd(QK_TILE_A0, abuf[q][0], 64);
+        _tile_loadd(QK_TILE_A1, abuf[q][1], 64);
+        qk_tile_dpbf16ps_chunk(1, xt + (c0 + q) * planes * 2048, planes, mr);
+      }
+      QK_MEMORY_BARRIER(); /* the next block's stores into abuf stay after these loads */
+    }
+    _tile_stored(QK_TILE_C00, cbuf[0], 128);
+    _tile_stored(QK_TILE_C10, cbuf[16], 128);
+    if (two) {
+      _tile_stored(QK_TILE_C01, cbuf[0] + 16, 128);
+      _tile_stored(QK_TILE_C11, cbuf[16] + 16, 128);
+    }
+    _tile_release();
+    QK_MEMORY_BARRIER();
+    /* y[i, n0 + col] = cbuf[col][i]: a column of cbuf per row of y */
+    for (size_t h = 0; h < 2; h++) {
+      const size_t col = n0 + 16 * h;
+      if (col >= nc) break;
+      const __mmask16 mask = qk512_mask(nc - col);
+      const __m512 s = _mm512_maskz_loadu_ps(mask, scale + col);
+      const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+      for (size_t i = 0; i < mr; i++)
+        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
+                       _mm512_i32gather_ps(down, &cbuf[16 * h][i], 4), s, b, bias != NULL, mask);
+    }
+  }
+}
+
+void qk_woq_bf16_gemv_ukernel_32x1c0__amx(size_t mr, size_t nc, size_t kc, const void* const* a,
+                                          qk_dtype dt, const int8_t* w, const float* scale,
+                                          const float* bias, void* c, ptrdiff_t c_stride) {
+  const char* xt = (const char*)a[0];
+  switch (dt) {
+    case QK_F32: gemv_body(QK_F32, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
+    case QK_F16: gemv_body(QK_F16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
+    case QK_BF16: gemv_body(QK_BF16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
+  }
+}
