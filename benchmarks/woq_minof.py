@@ -9,7 +9,10 @@ Each argument is ``N:K:M[,M...]``. Every row times ``--reps`` calls, each on
 the next of ``--copies`` packed copies of the weight, the weights (int8;
 int8 on a copy widened beforehand for the kernel of this ISA level that
 reads one, made before the timing; int4 in groups of 128; int4 forced
-onto this level's kernel on dequantized weights, whatever M; ``int8:NAME``
+onto this level's kernel on dequantized weights, whatever M;
+``int8-functional``, ``qkern.weight_int8pack_mm`` on the row-major
+weight, which packs per call unless a kernel on the unpacked weight
+takes M; ``int8:NAME``
 or ``int4:NAME``, a layer forced onto registry kernel NAME, to time
 kernels of different levels side by side, e.g.
 ``--weights int8:bf16_gemm_32x32c2__amx,int8:f32_gemm_4x32c2__avx512``) and thread
@@ -32,7 +35,22 @@ from qkern import bench
 from qkern._dtypes import bfloat16
 
 DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
-WEIGHTS = ("int8", "int8-widened", "int4", "int4-dequantized")
+WEIGHTS = ("int8", "int8-widened", "int8-functional", "int4", "int4-dequantized")
+
+
+class _Functional:
+    """``qkern.weight_int8pack_mm`` on a row-major weight, called as a
+    layer is."""
+
+    def __init__(self, w, scales):
+        self.w, self.scales = w, scales
+        self.nbytes = w.nbytes
+
+    def __call__(self, x, num_threads):
+        return qkern.weight_int8pack_mm(x, self.w, self.scales, num_threads=num_threads)
+
+    def kernel_for(self, m):
+        return qkern.dispatch.choose_kernel(self.scales.dtype, m, unpacked_ok=True)
 
 
 def _widened_layer(w, scales, x):
@@ -106,6 +124,7 @@ def main(argv=None) -> None:
             made |= {"int8": lambda: qkern.WoqLinear(w, scales.astype(dtype)),
                     "int8-widened": lambda: _widened_layer(w, scales.astype(dtype),
                                                            np.zeros((1, k), dtype)),
+                    "int8-functional": lambda: _Functional(w.copy(), scales.astype(dtype)),
                     "int4": lambda: bench.random_int4_layer(rng, n, k, dtype),
                     "int4-dequantized": lambda: _dequantized_layer(rng, n, k, dtype)}
             layers = {form: itertools.cycle([made[form]() for _ in range(args.copies)])

@@ -271,6 +271,21 @@ def test_minof_script_times_forced_kernels_side_by_side(capsys):
         minof.main(["64:128:3", "--dtypes", "float32", "--weights", f"int8:{int4}"])
 
 
+def test_minof_script_times_the_functional_op_beside_the_layer(capsys):
+    """--weights int8,int8-functional: the functional op runs the kernel
+    dispatch picks for the unpacked weight (or packs), beside the layer."""
+    minof = load_benchmark("woq_minof")
+    minof.main(["64:96:2,300", "--dtypes", "float32", "--weights", "int8,int8-functional",
+                "--reps", "2", "--copies", "2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[2], r[4]) for r in rows] == [(m, form) for m in ("2", "300")
+                                            for form in ("int8", "int8-functional")]
+    for r in rows[1::2]:
+        assert r[5] == qkern.dispatch.choose_kernel(np.float32, int(r[2]),
+                                                   unpacked_ok=True).name
+    assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
+
+
 def test_minof_script_times_the_widened_copy_beside_the_packed_weight(capsys):
     """--weights int8,int8-widened: the widened layer runs a kernel on a
     widened copy and holds its bytes beside the packed weight."""
