@@ -109,6 +109,7 @@ cdef extern from "qkern/woq.h":
     const size_t qk_woq_num_kernels
 
     size_t qk_woq_packed_size(size_t n, size_t k, uint32_t nr, uint32_t kr) nogil
+    size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt) nogil
     void qk_woq_pack(const int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr,
                      uint32_t kr, int8_t* out) nogil
     void qk_woq_unpack(const int8_t* packed, size_t n, size_t k, uint32_t nr, uint32_t kr,

@@ -15,7 +15,8 @@ from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBN
                           qk_woq_group_sums,
                           qk_woq_int4_pack, qk_woq_int4_packed_size, qk_woq_int4_unpack,
                           qk_woq_kernel, qk_woq_kernels, qk_woq_num_kernels, qk_woq_pack,
-                          qk_woq_packed_size, qk_woq_unpack, qk_woq_widen_weight,
+                          qk_woq_packed_size, qk_woq_packed_x_group_size, qk_woq_unpack,
+                          qk_woq_widen_weight,
                           qk_woq_widened_panel_size, qk_woq_widened_size,
                           qk_fpenv, qk_fpenv_enter, qk_fpenv_leave)
 
@@ -325,11 +326,11 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
         rows[i] = <const char*>cnp.PyArray_DATA(x) + i * x.strides[0]
     # a kernel with pack_x reads its rows packed (transposed), as the driver
     # packs them: a[0] is the group
-    cdef size_t chunk = (3 if dtype == 0 else 2 if dtype == 1 else 1) * 2048
+    cdef size_t chunk = qk_woq_packed_x_group_size(32, <qk_dtype>dtype)  # one chunk of 32 k
     cdef char* packed_x = NULL
     cdef char* group = NULL
     if kern.pack_x != NULL:
-        packed_x = <char*>malloc((kc + 31) // 32 * chunk + 64)
+        packed_x = <char*>malloc(qk_woq_packed_x_group_size(kc, <qk_dtype>dtype) + 64)
         if packed_x == NULL:
             raise MemoryError()
         group = packed_x + (64 - <size_t>packed_x % 64) % 64

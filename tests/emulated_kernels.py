@@ -34,7 +34,7 @@ import pytest
 
 import qkern
 from process_support import asan_loaded
-from qkern._dtypes import dtype_code
+from qkern._dtypes import DTYPE_CODES, dtype_code
 from qkern.packing import aligned_empty
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -224,7 +224,8 @@ def ukernel_call(kern):
     def call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride):
         rows = (ctypes.c_void_p * mr)(*(x.ctypes.data + i * x.strides[0] for i in range(mr)))
         if kern.packs_x:  # its rows packed transposed, as the driver packs them
-            chunk = (3, 2, 1)[dtype] * 2048  # planes of f32, f16, bf16 (dtype codes)
+            name = next(n for n, code in DTYPE_CODES.items() if code == dtype)
+            chunk = kern.planes(name) * 2048
             packed_x = aligned_empty(-(-kc // 32) * chunk)
             for i in range(mr):
                 getattr(library(), PACK_XT)(rows[i], dtype, kc, i, packed_x.ctypes.data, chunk)

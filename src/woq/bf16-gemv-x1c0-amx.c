@@ -68,9 +68,8 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
                          _mm512_set1_epi32(32));
   uint16_t abuf[CHUNKS_PER_BLOCK][2][16][32] __attribute__((aligned(64)));
   float cbuf[32][32] __attribute__((aligned(64)));
-  const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
   for (size_t n0 = 0; n0 < nc; n0 += 32) {
-    qk_tile_config_load(rows);
+    qk_tile_config_32x32(32); /* every tile 16 rows of 64 bytes */
     _tile_zero(QK_TILE_C00);
     _tile_zero(QK_TILE_C01);
     _tile_zero(QK_TILE_C10);
