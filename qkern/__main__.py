@@ -21,7 +21,7 @@ import numpy as np
 
 import qkern
 from qkern import bench, tuning
-from qkern.dispatch import CPU_ISA, ISA_CAP, choose_kernel
+from qkern.dispatch import CPU_ISA, CPU_VENDOR, ISA_CAP, choose_kernel
 
 _CHOICE_DTYPES = ("bfloat16", "float16", "float32")
 _CHOICE_MS = (1, 64)
@@ -111,6 +111,7 @@ def info() -> str:
     return "\n".join([
         f"qkern {qkern.__version__} (numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "
         f"Python {sys.version.split()[0]})",
+        f"CPU vendor: {CPU_VENDOR or '-'}",
         f"CPU features on:  {on}",
         f"CPU features off: {off}",
         f"ISA levels: {' < '.join(qkern.ISA_LEVELS)}",

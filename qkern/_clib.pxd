@@ -16,6 +16,7 @@ cdef extern from "qkern/cpu.h":
         int amx_tile
         int amx_bf16
         int amx_int8
+        char vendor[13]
 
     void qk_cpu_detect(qk_cpu_features* out) nogil
 

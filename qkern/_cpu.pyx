@@ -29,6 +29,20 @@ def detect():
     }
 
 
+def vendor():
+    """The CPU's vendor as cpuid spells it.
+
+    Returns
+    -------
+    str
+        ``"GenuineIntel"``, ``"AuthenticAMD"``, ...; ``""`` where cpuid is
+        absent.
+    """
+    cdef qk_cpu_features f
+    qk_cpu_detect(&f)
+    return f.vendor.decode("ascii", "replace")
+
+
 def threads_for_call(int requested):
     """Threads a call asking for ``requested`` (<= 0: the OpenMP default) may
     start: capped at the processors, 1 in a forked child, no more than the OS

@@ -24,9 +24,11 @@ ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
 # Zen 3, f32w on a copy widened beforehand ran at the speed of the 6x16 on
 # packed int8 (docs/tuning.rst: median 1.01 of its time from M = 64), so
 # the conversion it saves costs nothing there and widening chunk by chunk
-# only adds work; the tuner may still pick it.  Not AVX-512 either until
-# an AVX-512 machine has measured its f32w against the kernels on packed
-# int8 (the tuner times both there).
+# only adds work; the tuner may still pick it.  Not AVX-512 either: on a
+# Zen 4 (4096 x 4096, float32, weights cold, min of 8, one thread) f32w on
+# the copy took 1.02-1.06 of the 6x32's time on packed int8 from M = 48
+# (39.5 against 38.5 ms at 128, 155.0 against 151.5 at 512; 11008 x 4096,
+# M = 128: 111.3 against 105.7) and 1.1-2.9x below.
 WIDENED_IN_STATIC_RULE = ("amx",)
 
 # The M from which the static rule takes a level's kernel on int4 weights
@@ -41,9 +43,12 @@ DEQUANTIZED_FROM_M = 48
 
 # The ISA levels whose kernel on dequantized int4 weights the static rule
 # takes (from DEQUANTIZED_FROM_M): those where it was measured against the
-# level's kernel on packed int4.  AVX-512's is left to the tuner until an
-# AVX-512 machine has timed it.
-DEQUANTIZED_IN_STATIC_RULE = ("avx2",)
+# level's kernel on packed int4.  AVX-512: on a Zen 4 (4096 x 4096, groups
+# of 128, float32, weights cold, min of 8, side by side) f32dq_qb4w took
+# 0.96 of f32_qb4w's time at M = 48 (16.4 against 17.1 ms, one thread;
+# two 0.94), 0.90 at 128 (40.4 against 44.8), 0.86 at 512, 0.90 at
+# 11008 x 4096, M = 128, and lost below (1.07 at 16, 2.0-2.5 at 1-2).
+DEQUANTIZED_IN_STATIC_RULE = ("avx2", "avx512")
 
 # How many calls of the highest level's kernel on the unpacked weight
 # (layout (1, 0)) the functional op makes before it packs the weight
@@ -106,14 +111,23 @@ WIDENED_ABOVE_ROW_BLOCKS = {INT8: 1, INT4: 2}
 AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
               INT4: {"bfloat16": 3, "float16": 3, "float32": 4}}
 
-# ISA levels the static rule passes over (the tuner still times their
-# kernels, qkern.tuning.TUNED_WITH): AVX-512-BF16, whose vdpbf16ps kernels
-# ran slower than the AVX-512 FMA kernels on bfloat16 x at every M measured
-# on the AMX Xeon (as above, one thread: int8 1.12x at M = 1, 1.3-1.8x at
-# M = 2-16; int4 1.18x at M = 1, 1.3-1.75x at M = 2-16), where vdpbf16ps
-# runs at half the FMA's rate.  Zen 4 and 5 run it at the FMA's rate: not
-# measured there.
-PASSED_OVER_IN_STATIC_RULE = ("avx512_bf16",)
+# The M from which the static rule takes the AVX-512-BF16 (vdpbf16ps)
+# kernels for bfloat16 x, per CPU vendor and weight format; fewer rows, and
+# every M on a vendor not listed, run the AVX-512 FMA kernels (the tuner
+# times both, qkern.tuning.TUNED_WITH).  Not Intel's: there the vdpbf16ps
+# kernels ran slower than the FMA kernels at every M measured on the AMX
+# Xeon (as above, one thread: int8 1.12x at M = 1, 1.3-1.8x at M = 2-16;
+# int4 1.18x at M = 1, 1.3-1.75x at M = 2-16), where vdpbf16ps runs at half
+# the FMA's rate.  AMD's: on a Zen 4 (family 25 model 17, 2 vCPUs, weights
+# cold, forced kernels side by side, min of 6 to 12) vdpbf16ps, at the
+# FMA's instruction rate with twice its multiply-adds, ran int8 4096 x 4096
+# M = 2 in 0.84 against 0.89 ms (one thread), M = 4 in 1.05 against 1.26
+# and from M = 8 in 0.53-0.56 of the time (1.36 against 2.42 ms at 8,
+# 83.0 against 154.0 at 512); at M = 1, where both stream the weight, it
+# lost on 11008 x 4096 (1.10-1.16x in three runs, one and two threads) and
+# was even on 4096 x 4096 (0.98-1.06x); int4 (groups of 128) M = 1 in
+# 0.62 against 0.70 ms and from M = 4 in 0.47-0.51 of the time.
+AVX512_BF16_FROM_M = {"AuthenticAMD": {INT8: 2, INT4: 1}}
 
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
@@ -125,6 +139,11 @@ _ISA_REQUIRES = {
 }
 
 _FEATURES = _cpu.detect()
+
+# The CPU's vendor as cpuid spells it ("GenuineIntel", "AuthenticAMD"), and
+# AVX512_BF16_FROM_M on it (empty: the static rule never takes that level).
+CPU_VENDOR = _cpu.vendor()
+AVX512_BF16_FROM_M_HERE = AVX512_BF16_FROM_M.get(CPU_VENDOR, {})
 
 
 def cpu_features() -> dict:
@@ -476,8 +495,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     write of the weight, more than those passes of that kernel over it.
     Otherwise the
     highest available ISA that accepts ``dtype`` (and, when given, reads
-    ``layout``; else a packed layout) wins, but for the levels of
-    ``PASSED_OVER_IN_STATIC_RULE`` (AVX-512-BF16), and on a CPU with AMX
+    ``layout``; else a packed layout) wins, but for
+    AVX-512-BF16 below ``AVX512_BF16_FROM_M_HERE`` rows (at every M but
+    on an AMD CPU: ``AVX512_BF16_FROM_M``), and on a CPU with AMX
     the AVX-512 level below ``AMX_FROM_M`` rows.  Within it, on the levels of
     ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
     ``m`` needs more than one of its row blocks (the widening is then
@@ -505,7 +525,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
             return _log(kern, name, m)
     cands = _packed_candidates(name, layout, weight_format)
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
-    levels = [v for v in levels if ISA_LEVELS[v] not in PASSED_OVER_IN_STATIC_RULE] or levels
+    bf16_from = AVX512_BF16_FROM_M_HERE.get(weight_format)
+    levels = [v for v in levels if ISA_LEVELS[v] != "avx512_bf16"
+              or (bf16_from is not None and m >= bf16_from)] or levels
     top = levels[0]
     if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < AMX_FROM_M[weight_format][name]:
         top = levels[1]

@@ -5,6 +5,8 @@
  * CPU has it *and* the OS saves its register state (XCR0).  AMX is reported
  * only after arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) succeeded,
  * which is also what allows this process to execute tile instructions.
+ * vendor is cpuid leaf 0's twelve characters ("GenuineIntel",
+ * "AuthenticAMD"), empty where cpuid is absent.
  */
 #ifndef QKERN_CPU_H
 #define QKERN_CPU_H
@@ -26,6 +28,7 @@ typedef struct qk_cpu_features {
   int amx_tile;
   int amx_bf16;
   int amx_int8;
+  char vendor[13];
 } qk_cpu_features;
 
 /* Fills *out.  Safe to call more than once; the AMX permission request is

@@ -34,6 +34,11 @@ static int request_amx_permission(void) {
 void qk_cpu_detect(qk_cpu_features* f) {
   unsigned int a, b, c, d;
   memset(f, 0, sizeof(*f));
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    memcpy(f->vendor, &b, 4); /* the name is spelled in EBX, EDX, ECX */
+    memcpy(f->vendor + 4, &d, 4);
+    memcpy(f->vendor + 8, &c, 4);
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return;
   const int osxsave = (c >> 27) & 1;
   const int cpu_fma = (c >> 12) & 1;

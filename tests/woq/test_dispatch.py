@@ -107,14 +107,16 @@ def test_each_cpu_isa_has_its_kernels():
 @pytest.mark.parametrize("weight_format", [dispatch.INT8, dispatch.INT4])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_choice_is_highest_available_isa(dtype, weight_format):
-    """The highest level wins, but for the levels the static rule passes
-    over (AVX-512-BF16) and, on an AMX CPU, the AVX-512 level below
-    AMX_FROM_M rows."""
-    levels = sorted({qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
-                     if k.available and dtype in k.dtypes and k.weight_format == weight_format
-                     and k.isa not in dispatch.PASSED_OVER_IN_STATIC_RULE}, reverse=True)
+    """The highest level wins, but for AVX-512-BF16 below
+    AVX512_BF16_FROM_M_HERE rows (every M but on AMD's CPUs) and, on an AMX
+    CPU, the AVX-512 level below AMX_FROM_M rows."""
+    bf16_from = dispatch.AVX512_BF16_FROM_M_HERE.get(weight_format)
     np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 1000):
+        bf16_ok = bf16_from is not None and m >= bf16_from
+        levels = sorted({qkern.ISA_LEVELS.index(k.isa) for k in qkern.kernels()
+                         if k.available and dtype in k.dtypes and k.weight_format == weight_format
+                         and (k.isa != "avx512_bf16" or bf16_ok)}, reverse=True)
         kern = dispatch.choose_kernel(np_dtype, m, weight_format=weight_format)
         assert kern.available and dtype in kern.dtypes and kern.weight_format == weight_format
         below_amx = (qkern.ISA_LEVELS[levels[0]] == "amx"
@@ -137,13 +139,14 @@ def _registry_up_to(monkeypatch, level: str) -> None:
 
 @pytest.fixture
 def every_kernel(monkeypatch):
-    """Every compiled kernel available, as on an AMX CPU."""
+    """Every compiled kernel available, as on an AMX CPU (an Intel's)."""
     import dataclasses
 
     if not any(k.isa == "amx" for k in qkern.kernels()):
         pytest.skip("this build has no AMX kernel (the compiler lacks AMX)")
     monkeypatch.setattr(dispatch, "REGISTRY",
                         [dataclasses.replace(k, available=True) for k in dispatch.REGISTRY])
+    monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE", {})
 
 
 def test_amx_kernels_from_their_m(every_kernel):
@@ -172,18 +175,43 @@ def test_amx_kernels_from_their_m(every_kernel):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
 
 
-def test_avx512_bf16_level_is_passed_over(monkeypatch):
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
     """With every kernel up to AVX-512-BF16 available (a CPU without AMX):
-    bfloat16 runs the AVX-512 FMA kernels at every M; the vdpbf16ps kernels
-    are the tuner's (TUNED_WITH), which starts from that level."""
+    on Intel's, bfloat16 runs the AVX-512 FMA kernels at every M (vdpbf16ps
+    at half the FMA's rate there); on AMD's, the vdpbf16ps kernels from
+    AVX512_BF16_FROM_M (int8 2 rows, int4 1), the FMA below.  The tuner
+    times both levels either way (TUNED_WITH)."""
     _registry_up_to(monkeypatch, "avx512_bf16")
-    assert dispatch.PASSED_OVER_IN_STATIC_RULE == ("avx512_bf16",)
+    assert dispatch.AVX512_BF16_FROM_M == {"AuthenticAMD": {dispatch.INT8: 2, dispatch.INT4: 1}}
+    monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
+                        dispatch.AVX512_BF16_FROM_M.get(vendor, {}))
     assert qkern.tuning.TUNED_WITH["avx512_bf16"] == ("avx512",)
-    for fmt in (dispatch.INT8, dispatch.INT4):
+    for fmt, from_m in ((dispatch.INT8, 2), (dispatch.INT4, 1)):
         assert dispatch.top_level(ml_dtypes.bfloat16, weight_format=fmt) == "avx512_bf16"
         for m in (1, 2, 8, 9, 64, 1000):
+            want = "avx512_bf16" if vendor == "AuthenticAMD" and m >= from_m else "avx512"
             assert dispatch.choose_kernel(ml_dtypes.bfloat16, m, weight_format=fmt).isa == (
-                "avx512"), (fmt, m)
+                want), (fmt, m)
+        for dtype in (np.float32, np.float16):
+            assert dispatch.choose_kernel(dtype, 64, weight_format=fmt).isa == "avx512"
+
+
+def test_cpu_vendor_is_cpuids_and_sets_the_levels_passed_over():
+    """CPU_VENDOR is the vendor the OS reports (cpuid leaf 0), and the
+    static rule takes AVX-512-BF16 from that vendor's M."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            reported = next((line.split(":", 1)[1].strip() for line in fh
+                             if line.startswith("vendor_id")), None)
+    except OSError:
+        reported = None
+    if reported is None:
+        pytest.skip("no vendor_id in /proc/cpuinfo to compare with")
+    assert dispatch.CPU_VENDOR == reported
+    assert dispatch.AVX512_BF16_FROM_M_HERE == dispatch.AVX512_BF16_FROM_M.get(reported, {})
+    info = _python("import qkern.__main__ as m; print(m.info())").stdout
+    assert f"CPU vendor: {reported}" in info
 
 
 def test_functional_op_reads_the_unpacked_weight_with_the_highest_gemv(every_kernel):
@@ -235,16 +263,26 @@ def test_int4_dequantized_kernel_from_its_m(avx2_registry):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
 
 
-def test_dequantized_int4_kernel_only_where_the_rule_measured_it(monkeypatch):
-    """With every kernel up to AVX-512 available (an AVX-512 CPU without
-    BF16): the AVX-512 kernel on dequantized int4 weights is the tuner's
-    (AVX-512 is not in DEQUANTIZED_IN_STATIC_RULE), so the static rule
-    keeps the kernel on packed int4 at every M there."""
-    _registry_up_to(monkeypatch, "avx512")
-    assert "avx512" not in dispatch.DEQUANTIZED_IN_STATIC_RULE
-    for m in (1, dispatch.DEQUANTIZED_FROM_M, 1000):
-        assert dispatch.choose_kernel(np.float32, m, weight_format=dispatch.INT4).name == (
-            "f32_qb4w_gemm_8x32c1__avx512"), m
+@pytest.mark.parametrize("level, packed, dequantized", [
+    ("avx512", "f32_qb4w_gemm_8x32c1__avx512", "f32dq_qb4w_gemm_8x32c1__avx512"),
+    ("avx512_bf16", "f32_qb4w_gemm_8x32c1__avx512", "f32dq_qb4w_gemm_8x32c1__avx512")])
+def test_dequantized_int4_kernel_on_avx512_from_its_m(monkeypatch, level, packed, dequantized):
+    """With every kernel up to AVX-512 (or AVX-512-BF16) available: float32
+    and float16 int4 take the AVX-512 kernel on dequantized weights from
+    DEQUANTIZED_FROM_M rows; bfloat16 on an AVX-512-BF16 AMD CPU keeps the
+    vdpbf16ps kernel on packed int4 (that level has no dequantizing one)."""
+    _registry_up_to(monkeypatch, level)
+    monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
+                        dispatch.AVX512_BF16_FROM_M["AuthenticAMD"])
+    assert dispatch.DEQUANTIZED_IN_STATIC_RULE == ("avx2", "avx512")
+    edge = dispatch.DEQUANTIZED_FROM_M
+    for dtype in (np.float32, np.float16):
+        for m, want in ((1, packed), (edge - 1, packed), (edge, dequantized), (1000, dequantized)):
+            assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want, m
+    if level == "avx512_bf16":
+        for m in (1, edge, 1000):
+            kern = dispatch.choose_kernel(ml_dtypes.bfloat16, m, weight_format=dispatch.INT4)
+            assert kern.name == "bf16_qb4w_gemm_8x32c1__avx512bf16", m
 
 
 def test_isa_cap_bad_value_is_a_clear_error():
