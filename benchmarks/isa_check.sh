@@ -14,9 +14,11 @@
 #           there), around the M from which the static rule takes the tile
 #           kernels (qkern.dispatch.AMX_FROM_M);
 #   avx512  int8 on packed panels against the f32w copy widened
-#           beforehand, int4 against the kernel on dequantized weights (the
-#           two the static rule leaves to the tuner there), and with TUNE=1
-#           the tuner's runs of both formats (docs/tuning.rst).
+#           beforehand, int4 against the kernel on dequantized weights,
+#           where the CPU has AVX-512-BF16 the vdpbf16ps kernels against
+#           the FMA ones on bfloat16 x (qkern.dispatch.AVX512_BF16_FROM_M,
+#           per CPU vendor), and with TUNE=1 the tuner's runs of both
+#           formats (docs/tuning.rst).
 # The timings run whatever the tests gave, and the script exits with the
 # tests' status.  Wheels missing there (numpy, ml_dtypes, pytest,
 # hypothesis, simde-py) may be carried in .whl/.  Exits 2 with a message
@@ -66,6 +68,14 @@ else
   QKERN_ISA=avx512 $PY benchmarks/woq_minof.py 4096:4096:1,2,16,48,128,512 11008:4096:128 \
     --weights int8,int8-widened,int4,int4-dequantized --dtypes float32 --threads 1,2 \
     --copies 4 --reps 8 | tee "$OUT/minof-avx512.txt"
+  if grep -qx avx512_bf16 "$OUT/cpu.txt"; then
+    $PY benchmarks/woq_minof.py 4096:4096:1 11008:4096:1 --dtypes bfloat16 --threads 1,2 \
+      --weights int8:bf16_gemm_1x32c2__avx512bf16,int8:f32_gemm_1x32c2__avx512,int4:bf16_qb4w_gemm_8x32c1__avx512bf16,int4:f32_qb4w_gemm_8x32c1__avx512 \
+      --copies 4 --reps 12 | tee "$OUT/minof-bf16.txt"
+    $PY benchmarks/woq_minof.py 4096:4096:2,4,16,128 --dtypes bfloat16 --threads 1,2 \
+      --weights int8:bf16_gemm_8x32c2__avx512bf16,int8:f32_gemm_4x32c2__avx512,int8:f32_gemm_6x32c2__avx512,int4:bf16_qb4w_gemm_8x32c1__avx512bf16,int4:f32_qb4w_gemm_8x32c1__avx512 \
+      --copies 4 --reps 8 | tee -a "$OUT/minof-bf16.txt"
+  fi
   if [ "${TUNE:-0}" = 1 ]; then
     for group in "" "--int4-group 128"; do
       $PY -m qkern tune --shapes 4096x4096 11008x4096 --m 1,16,64,128,512 \
