@@ -14,8 +14,10 @@
  * horizontal sum at the end (lanes 0..7 added pairwise, in one fixed
  * order), then scale (multiply), bias (add) and one rounding to the output
  * dtype.  The K tail (K mod 8) goes through zero-padded copies: nothing is
- * read past a row of x or w.  The body is specialised for each mr (1..4),
- * so fewer rows cost fewer FMAs.
+ * read past a row of x or w.  Each of the C rows of w is prefetched into L2
+ * QK_GEMV_L2_PREFETCH_BYTES ahead and into L1 two groups of C rows ahead.
+ * The body is specialised for each mr (1..4), so fewer rows cost fewer
+ * FMAs.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -48,7 +50,10 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
   const size_t k_whole = kc / 8 * 8;
   for (size_t k = 0; k < k_whole; k += 8) {
     if ((k & 63) == 0) /* the same k two groups of C rows ahead */
-      for (size_t j = 0; j < C; j++) _mm_prefetch((const char*)wr[j] + 2 * C * kc + k, _MM_HINT_T0);
+      for (size_t j = 0; j < C; j++) {
+        _mm_prefetch((const char*)wr[j] + 2 * C * kc + k, _MM_HINT_T0);
+        _mm_prefetch((const char*)wr[j] + k + QK_GEMV_L2_PREFETCH_BYTES, _MM_HINT_T1);
+      }
     __m256 wv[4];
     for (size_t j = 0; j < C; j++) wv[j] = load_w(wr[j], k);
     for (size_t i = 0; i < R; i++) {

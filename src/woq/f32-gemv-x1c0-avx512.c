@@ -11,9 +11,11 @@
  * widened in-register once per step and shared by every row), a
  * horizontal sum at the end, then scale (multiply), bias (add) and one
  * rounding to the output dtype.  The K tail uses masked loads: nothing is
- * read past a row of x or w.  The body is specialised for each mr (1..8),
- * so fewer rows cost fewer FMAs; the columns per step change no sum, so
- * every mr gives a row the same bits.
+ * read past a row of x or w.  Each of the C rows of w is prefetched into L2
+ * QK_GEMV_L2_PREFETCH_BYTES ahead (C streams a row apart, more than the
+ * hardware prefetcher follows) and into L1 at the next C rows.  The body
+ * is specialised for each mr (1..8), so fewer rows cost fewer FMAs; the
+ * columns per step change no sum, so every mr gives a row the same bits.
  */
 #include <string.h>
 
@@ -67,7 +69,10 @@ QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc
     for (; k + 16 <= kc; k += 16) {
       if ((k & 63) == 0) /* the same k of the next C rows, which follow these */
 #pragma GCC unroll 4
-        for (size_t j = 0; j < C; j++) _mm_prefetch((const char*)wr[j] + C * kc + k, _MM_HINT_T0);
+        for (size_t j = 0; j < C; j++) {
+          _mm_prefetch((const char*)wr[j] + C * kc + k, _MM_HINT_T0);
+          _mm_prefetch((const char*)wr[j] + k + QK_GEMV_L2_PREFETCH_BYTES, _MM_HINT_T1);
+        }
       gemv_step(R, C, 0, acc, ar, wr, k, 0);
     }
     if (k < kc) gemv_step(R, C, 1, acc, ar, wr, k, qk512_mask(kc - k));
