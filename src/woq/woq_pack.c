@@ -13,16 +13,21 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 
+/* Inlined with S a constant, so the transposes unroll into registers. */
+#define PACK_INLINE static inline __attribute__((always_inline))
+
 /* Transposes the 2^S x 2^S matrix whose row r is v[r], of elements 16 / 2^S
  * bytes wide (S = 4: 16 x 16 bytes; S = 3: 8 x 8 pairs of bytes).  Each
  * stage interleaves neighbouring vectors at twice the last stage's width;
  * afterwards v[i] holds column bit_reverse(S, i). */
-static inline void transpose_rows(int S, __m128i* v) {
+PACK_INLINE void transpose_rows(const int S, __m128i* v) {
   const int n = 1 << S;
   __m128i t[16];
+#pragma GCC unroll 4
   for (int stage = 4 - S; stage < 4; stage++) {
     __m128i* src = (stage - (4 - S)) % 2 ? t : v;
     __m128i* dst = src == v ? t : v;
+#pragma GCC unroll 8
     for (int i = 0; i < n / 2; i++) {
       const __m128i a = src[2 * i], b = src[2 * i + 1];
       switch (stage) {
@@ -34,34 +39,44 @@ static inline void transpose_rows(int S, __m128i* v) {
     }
   }
   if (S % 2) /* an odd number of stages left the result in t */
+#pragma GCC unroll 16
     for (int i = 0; i < n; i++) v[i] = t[i];
 }
 
-static inline int bit_reverse(int S, int i) {
+PACK_INLINE int bit_reverse(const int S, const int i) {
   int r = 0;
   for (int b = 0; b < S; b++) r |= ((i >> b) & 1) << (S - 1 - b);
   return r;
 }
 
 /* Packs the k-groups [0, groups) of one whole panel of rows w (ldw bytes
- * apart) into group (the panel's first k-group), for (nr, kr) = (16, 1) or
- * (32, 2), in blocks of 16 bytes per row; returns the k-groups done (a
+ * apart) into group (the panel's first k-group), for (nr, kr) = (16, 1)
+ * with S = 4 (16 rows of 16 bytes) or (32, 2) with S = 3 (8 rows of 8
+ * pairs), in blocks of 16 bytes per row; returns the k-groups done (a
  * multiple of 16 / kr). */
-static size_t pack_panel_sse2(const int8_t* w, size_t ldw, size_t groups, uint32_t nr, size_t kr,
-                              int8_t* group) {
-  const int S = kr == 1 ? 4 : 3;    /* 16 rows of 16 bytes, or 8 rows of 8 pairs */
+PACK_INLINE size_t pack_panel_transposed(const int S, const int8_t* w, size_t ldw, size_t groups,
+                                         uint32_t nr, int8_t* group) {
+  const size_t kr = S == 4 ? 1 : 2;
   const size_t per_block = 16 / kr; /* k-groups per 16 bytes of a row */
   size_t g0 = 0;
   for (; g0 + per_block <= groups; g0 += per_block)
     for (size_t j0 = 0; j0 < nr; j0 += (size_t)1 << S) {
       __m128i v[16];
+#pragma GCC unroll 16
       for (int r = 0; r < 1 << S; r++)
         v[r] = _mm_loadu_si128((const __m128i*)(w + (j0 + r) * ldw + g0 * kr));
       transpose_rows(S, v);
+#pragma GCC unroll 16
       for (int i = 0; i < 1 << S; i++)
         _mm_storeu_si128((__m128i*)(group + (g0 + bit_reverse(S, i)) * nr * kr + j0 * kr), v[i]);
     }
   return g0;
+}
+
+static size_t pack_panel_sse2(const int8_t* w, size_t ldw, size_t groups, uint32_t nr, size_t kr,
+                              int8_t* group) {
+  return kr == 1 ? pack_panel_transposed(4, w, ldw, groups, nr, group)
+                 : pack_panel_transposed(3, w, ldw, groups, nr, group);
 }
 #endif
 
@@ -95,13 +110,14 @@ static void move_panels(int8_t* w, size_t ldw, size_t n, size_t k, uint32_t nr, 
                         int8_t* panels, int to_panels) {
   const size_t kr = qk_woq_group_len(k, kr_tag);
   const size_t kp = round_up(k, kr), full_groups = k / kr, tail = k % kr;
-  if (to_panels) memset(panels, 0, round_up(n, nr) * kp);
   /* Panel by panel, through the panels sequentially; the nr rows are nr
-   * sequential streams. */
+   * sequential streams.  Only a panel with padding (columns past n, or
+   * bytes past k in its last k-group) is zeroed first. */
   for (size_t p0 = 0; p0 < n; p0 += nr) {
     const size_t cols = n - p0 < nr ? n - p0 : nr;
     int8_t* group = panels + p0 * kp;
     size_t g = 0;
+    if (to_panels && (cols < nr || tail)) memset(group, 0, nr * kp);
 #ifdef __SSE2__
     if (to_panels && cols == nr && ((nr == 16 && kr == 1) || (nr == 32 && kr == 2))) {
       g = pack_panel_sse2(w + p0 * ldw, ldw, full_groups, nr, kr, group);

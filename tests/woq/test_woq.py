@@ -301,13 +301,26 @@ def test_tampered_layer_attributes_refused_before_c():
     assert proc.stdout.count("refused") == 4, proc.stdout
 
 
+def _packed_by_numpy(w, nr: int, kr: int) -> np.ndarray:
+    """The layout drawn in include/qkern/woq.h: whole panels of nr rows, each
+    k-group of kr bytes of its nr rows in turn, the last k-group zero-padded;
+    then the rows past the whole panels as they are."""
+    n, k = w.shape
+    g = kr or max(k, 1)
+    whole, groups = n // nr * nr, -(-k // g)
+    padded = np.zeros((whole, groups * g), np.int8)
+    padded[:, :k] = w[:whole]
+    panels = padded.reshape(whole // nr, nr, groups, g).transpose(0, 2, 1, 3)
+    return np.concatenate([panels.reshape(-1), w[whole:].reshape(-1)])
+
+
 @pytest.mark.parametrize("layout", sorted({k.layout for k in qkern.kernels()
                                             if k.weight_format == INT8}))
 def test_packed_weight_packs_unpacks_and_reports_its_size(layout):
     """PackedWeight packs and unpacks in C, for every layout of the registry
     and shapes around its panel and k-group (a partial panel, K = 0), and
     K past whole blocks of 16 bytes a row (packed by transposes, the rest
-    byte by byte)."""
+    byte by byte): bytes as documented, padding zeroed."""
     rng = np.random.default_rng(13)
     nr, kr = layout
     for n, k in [(1, 1), (nr - 1 or 1, 7), (nr, kr or 5), (nr + 1, 2 * max(kr, 1) + 1),
@@ -319,6 +332,9 @@ def test_packed_weight_packs_unpacks_and_reports_its_size(layout):
         assert (p.nbytes == 0 or p.data.ctypes.data % 64 == 0) and not p.data.flags.writeable
         u = p.unpack()
         assert u.flags.c_contiguous and np.array_equal(u, w)
+        dirty = np.full(p.nbytes, 0x55, np.int8)  # padding must be written, not left
+        qkern._woq.pack(w, nr, kr, dirty)
+        assert np.array_equal(dirty, p.data) and np.array_equal(p.data, _packed_by_numpy(w, nr, kr))
         clone = pickle.loads(pickle.dumps(p))
         assert clone.data.tobytes() == p.data.tobytes() and np.array_equal(clone.unpack(), w)
         other = (16, 1) if layout != (16, 1) else (32, 2)
