@@ -18,19 +18,6 @@ from qkern._dtypes import DTYPE_CODES, dtype_name
 
 ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
 
-# The ISA levels whose kernels on driver-widened panels the static rule
-# takes when M needs more than one of their row blocks.  AMX: its widened
-# twin shares each chunk's widening among the row blocks.  Not AVX2: on a
-# Zen 3, f32w on a copy widened beforehand ran at the speed of the 6x16 on
-# packed int8 (docs/tuning.rst: median 1.01 of its time from M = 64), so
-# the conversion it saves costs nothing there and widening chunk by chunk
-# only adds work; the tuner may still pick it.  Not AVX-512 either: on a
-# Zen 4 (4096 x 4096, float32, weights cold, min of 8, one thread) f32w on
-# the copy took 1.02-1.06 of the 6x32's time on packed int8 from M = 48
-# (39.5 against 38.5 ms at 128, 155.0 against 151.5 at 512; 11008 x 4096,
-# M = 128: 111.3 against 105.7) and 1.1-2.9x below.
-WIDENED_IN_STATIC_RULE = ("amx",)
-
 # The M from which the static rule takes a level's kernel on int4 weights
 # the driver dequantizes to float32 (compute f32dq_qb4w), where many rows
 # share each dequantized chunk and no group sums are left.  Measured on a
@@ -83,13 +70,27 @@ SPLITS = ("m", "n")
 INT8 = "int8_per_channel"
 INT4 = "int4_groupwise"
 
-# How many of its row blocks M must exceed before the static rule takes a
-# kernel on driver-widened panels, per weight format: int8 one; int4 two:
-# on the AMX Xeon (4096 x 4096, one thread, side by side) tile_qb4w ran
-# M = 33 and 64 in 2.34 and 3.17 ms (bfloat16; float32 3.71 and 5.09)
-# against tilew_qb4w's 2.85 and 3.50 (4.02 and 5.99), and lost from
-# M = 128 (6.36 against 5.86; float32 even, 25.3 against 20.9 at 512).
-WIDENED_ABOVE_ROW_BLOCKS = {INT8: 1, INT4: 2}
+# The ISA levels whose kernels on driver-widened panels the static rule
+# takes, per weight format: when M needs more than this many of their row
+# blocks (the widening of a chunk is then shared by that many blocks).
+# AMX: int8 one; int4 two: on the AMX Xeon (4096 x 4096, one thread, side
+# by side) tile_qb4w ran M = 33 and 64 in 2.34 and 3.17 ms (bfloat16;
+# float32 3.71 and 5.09) against tilew_qb4w's 2.85 and 3.50 (4.02 and
+# 5.99), and lost from M = 128 (6.36 against 5.86; float32 even, 25.3
+# against 20.9 at 512).  AVX-512-BF16 (taken on AMD's CPUs only), int8 six
+# 8-row blocks: on a Zen 4 (weights cold, min of 12, side by side)
+# bf16w_gemm_8x32c2 took 1.02-1.08 of bf16_gemm_8x32c2's time at M = 32,
+# 0.95-1.11 at 33-48, and 0.81-0.99 from 64 (4096 x 4096 M = 1024, two
+# threads, 90.0 against 110.3 ms; 11008 x 4096 M = 256 0.95-0.97).  Not
+# AVX2: on a Zen 3, f32w on a copy widened beforehand ran at the speed of
+# the 6x16 on packed int8 (docs/tuning.rst: median 1.01 of its time from
+# M = 64), so the conversion it saves costs nothing there and widening
+# chunk by chunk only adds work; the tuner may still pick it.  Not AVX-512
+# either: on a Zen 4 (4096 x 4096, float32, weights cold, min of 8, one
+# thread) f32w on the copy took 1.02-1.06 of the 6x32's time on packed
+# int8 from M = 48 (39.5 against 38.5 ms at 128, 155.0 against 151.5 at
+# 512; 11008 x 4096, M = 128: 111.3 against 105.7) and 1.1-2.9x below.
+WIDENED_ABOVE_ROW_BLOCKS = {"amx": {INT8: 1, INT4: 2}, "avx512_bf16": {INT8: 6}}
 
 # On a CPU with AMX, the M from which the static rule takes the AMX
 # kernels, per weight format and dtype of x; fewer rows run the AVX-512 FMA
@@ -499,8 +500,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     AVX-512-BF16 below ``AVX512_BF16_FROM_M_HERE`` rows (at every M but
     on an AMD CPU: ``AVX512_BF16_FROM_M``), and on a CPU with AMX
     the AVX-512 level below ``AMX_FROM_M`` rows.  Within it, on the levels of
-    ``WIDENED_IN_STATIC_RULE``, a kernel on driver-widened panels when
-    ``m`` needs more than one of its row blocks (the widening is then
+    ``WIDENED_ABOVE_ROW_BLOCKS``, a kernel on driver-widened panels when
+    ``m`` needs more than that many of its row blocks (the widening is then
     shared, and a partial last block costs only its rows), and on the
     levels of ``DEQUANTIZED_IN_STATIC_RULE`` a kernel on dequantized int4
     weights from ``DEQUANTIZED_FROM_M`` rows; otherwise the kernel on
@@ -532,9 +533,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < AMX_FROM_M[weight_format][name]:
         top = levels[1]
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
+    widened_above = WIDENED_ABOVE_ROW_BLOCKS.get(ISA_LEVELS[top], {}).get(weight_format)
     widened = [k for k in cands
-               if (k.widened and m > WIDENED_ABOVE_ROW_BLOCKS[weight_format] * k.mr
-                   and k.isa in WIDENED_IN_STATIC_RULE)
+               if (k.widened and widened_above is not None and m > widened_above * k.mr)
                or (k.dequantizes and m >= DEQUANTIZED_FROM_M
                    and k.isa in DEQUANTIZED_IN_STATIC_RULE)]
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands

@@ -1,11 +1,14 @@
 /*
- * bf16-gemm-x32c2-avx512bf16.c -- WoQ GEMM micro-kernels 1x32c2 and 8x32c2,
- * AVX-512 F/BW/VL + AVX512_BF16 (vdpbf16ps).
+ * bf16-gemm-x32c2-avx512bf16.c -- WoQ GEMM micro-kernels 1x32c2 and 8x32c2
+ * on packed int8 panels, and bf16w 8x32c2 on widened bf16 panels, AVX-512
+ * F/BW/VL + AVX512_BF16 (vdpbf16ps).
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h), packed layout nr = 32,
  * kr = 2, bf16 x only.  Each k-group of 64 int8 is widened in-register to two
  * vectors of 32 bf16 (exact: |w| <= 128 needs 8 significant bits), already in
- * the (column, k pair) order vdpbf16ps wants; the pair (x[k], x[k+1]) is
+ * the (column, k pair) order vdpbf16ps wants (bf16w: loaded as the driver
+ * widened it, the same two vectors, so every kernel here gives a row the
+ * same bits); the pair (x[k], x[k+1]) is
  * broadcast as one 32-bit lane.  Accumulation in f32 by vdpbf16ps, one chain
  * per row and column over the k-groups in increasing k, which treats bf16
  * subnormals as zero and flushes subnormal results (DAZ/FTZ):
@@ -27,10 +30,19 @@ QK_INLINE void widen_group(const int8_t* wp, __m512bh* b0, __m512bh* b1) {
   *b1 = _mm512_cvtne2ps_pbh(qk512_i8_to_f32(wp + 48), qk512_i8_to_f32(wp + 32));
 }
 
-/* One k-group (k and k + 1, or k alone when !both) of P panels, panel p's
- * at wp + p * panel_bytes, for MR rows into acc[i][2p], acc[i][2p + 1]. */
-QK_INLINE void bf16_step(const size_t MR, const size_t P, __m512 acc[8][8], const char* const* ar,
-                         const int8_t* wp, size_t panel_bytes, size_t k, int both) {
+/* Bytes of one panel of kc k values: packed int8 (WB = 1), or widened
+ * bf16 (WB = 2, k-groups padded to a multiple of 16). */
+QK_INLINE size_t x32c2_panel_bytes(const size_t WB, size_t kc) {
+  const size_t groups = (kc + 1) / 2;
+  return WB == 1 ? groups * 64 : (groups + 15) / 16 * 16 * 128;
+}
+
+/* One k-group (k and k + 1, or k alone when !both) of P panels of weights
+ * of WB bytes, panel p's at wp + p * panel_bytes, for MR rows into
+ * acc[i][2p], acc[i][2p + 1]. */
+QK_INLINE void bf16_step(const size_t MR, const size_t P, const size_t WB, __m512 acc[8][8],
+                         const char* const* ar, const int8_t* wp, size_t panel_bytes, size_t k,
+                         int both) {
   __m512bh xv[8];
   for (size_t i = 0; i < MR; i++) {
     uint32_t pair = 0;
@@ -40,7 +52,12 @@ QK_INLINE void bf16_step(const size_t MR, const size_t P, __m512 acc[8][8], cons
 #pragma GCC unroll 4
   for (size_t p = 0; p < P; p++) {
     __m512bh b0, b1;
-    widen_group(wp + p * panel_bytes, &b0, &b1);
+    if (WB == 1) {
+      widen_group(wp + p * panel_bytes, &b0, &b1);
+    } else {
+      b0 = (__m512bh)_mm512_loadu_si512(wp + p * panel_bytes);
+      b1 = (__m512bh)_mm512_loadu_si512(wp + p * panel_bytes + 64);
+    }
 #pragma GCC unroll 8
     for (size_t i = 0; i < MR; i++) {
       acc[i][2 * p] = _mm512_dpbf16_ps(acc[i][2 * p], xv[i], b0);
@@ -49,22 +66,26 @@ QK_INLINE void bf16_step(const size_t MR, const size_t P, __m512 acc[8][8], cons
   }
 }
 
-/* P consecutive panels from panel p0 (w at panel 0) for MR rows. */
-QK_INLINE void bf16_panels(const size_t MR, const size_t P, size_t p0, size_t nc, size_t kc,
-                           const char* const* ar, char* const* cr, const int8_t* w,
+/* P consecutive panels from panel p0 (w at panel 0) of weights of WB
+ * bytes for MR rows. */
+QK_INLINE void bf16_panels(const size_t MR, const size_t P, const size_t WB, size_t p0, size_t nc,
+                           size_t kc, const char* const* ar, char* const* cr, const int8_t* w,
                            const float* scale, const float* bias) {
-  const size_t kpairs = kc / 2, panel_bytes = (kc + 1) / 2 * 2 * 32;
+  const size_t kpairs = kc / 2, panel_bytes = x32c2_panel_bytes(WB, kc);
   __m512 acc[8][8];
   for (size_t i = 0; i < MR; i++)
     for (size_t v = 0; v < 2 * P; v++) acc[i][v] = _mm512_setzero_ps();
   const int8_t* wp = w + p0 * panel_bytes;
-  for (size_t kk = 0; kk < kpairs; kk++, wp += 64) {
+  for (size_t kk = 0; kk < kpairs; kk++, wp += 64 * WB) {
 #pragma GCC unroll 4
     for (size_t p = 0; p < P; p++)
-      _mm_prefetch((const char*)wp + p * panel_bytes + QK_PREFETCH_BYTES, _MM_HINT_T0);
-    bf16_step(MR, P, acc, ar, wp, panel_bytes, 2 * kk, 1);
+#pragma GCC unroll 2
+      for (size_t line = 0; line < WB; line++)
+        _mm_prefetch((const char*)wp + p * panel_bytes + 64 * line + QK_PREFETCH_BYTES,
+                     _MM_HINT_T0);
+    bf16_step(MR, P, WB, acc, ar, wp, panel_bytes, 2 * kk, 1);
   }
-  if (kc & 1) bf16_step(MR, P, acc, ar, wp, panel_bytes, kc - 1, 0);
+  if (kc & 1) bf16_step(MR, P, WB, acc, ar, wp, panel_bytes, kc - 1, 0);
   for (size_t v = 0; v < 2 * P; v++) {
     const size_t col = 32 * (p0 + v / 2) + 16 * (v % 2);
     if (col >= nc) break;
@@ -77,11 +98,11 @@ QK_INLINE void bf16_panels(const size_t MR, const size_t P, size_t p0, size_t nc
   }
 }
 
-/* mr = MR rows over all nc columns, P panels at a time, then fewer. */
-QK_INLINE void bf16_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t kc,
+/* mr = MR rows over all nc columns of weights of WB bytes, P panels at a
+ * time, then fewer. */
+QK_INLINE void bf16_rows(const size_t MR, const size_t WB, size_t nc, size_t kc,
                          const void* const* a, const int8_t* w, const float* scale,
                          const float* bias, void* c, ptrdiff_t c_stride) {
-  (void)DT;
   const char* ar[8];
   char* cr[8];
   for (size_t i = 0; i < MR; i++) {
@@ -90,13 +111,17 @@ QK_INLINE void bf16_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t k
   }
   const size_t P = MR == 1 ? 4 : MR <= 3 ? 2 : 1, panels = (nc + 31) / 32;
   size_t p = 0;
-  for (; p + P <= panels; p += P) bf16_panels(MR, P, p, nc, kc, ar, cr, w, scale, bias);
+  for (; p + P <= panels; p += P) bf16_panels(MR, P, WB, p, nc, kc, ar, cr, w, scale, bias);
   if (P == 4 && p + 2 <= panels) {
-    bf16_panels(MR, 2, p, nc, kc, ar, cr, w, scale, bias);
+    bf16_panels(MR, 2, WB, p, nc, kc, ar, cr, w, scale, bias);
     p += 2;
   }
-  if (p < panels) bf16_panels(MR, 1, p, nc, kc, ar, cr, w, scale, bias);
+  if (p < panels) bf16_panels(MR, 1, WB, p, nc, kc, ar, cr, w, scale, bias);
 }
 
-QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16, bf16_rows, 1)
-QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16, bf16_rows, 8)
+#define bf16_gemm_x32c2(R, DT, ...) bf16_rows(R, 1, __VA_ARGS__)
+#define bf16w_gemm_x32c2(R, DT, ...) bf16_rows(R, 2, __VA_ARGS__)
+
+QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16, bf16_gemm_x32c2, 1)
+QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16, bf16_gemm_x32c2, 8)
+QK_DEFINE_UKERNEL_ROWS_BF16(qk_woq_bf16w_gemm_ukernel_8x32c2__avx512bf16, bf16w_gemm_x32c2, 8)

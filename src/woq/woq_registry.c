@@ -31,6 +31,8 @@
 /* Chunks of 32 KiB of int4 dequantize to 256 KiB of f32 (one panel at
  * least: 512 KiB at K = 4096, which the kernel streams from L3 as fast). */
 #define DEQUANTIZED_F32_BLOCKING {256, 32u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
+/* Chunks of 128 KiB of int8 widen to 256 KiB of bf16, as the f32 ones. */
+#define WIDENED_BF16_BLOCKING {256, 128u << 10, 0, 1u << 20, QK_WOQ_SPLIT_M}
 #define KBLOCK_BLOCKING {2048, 256u << 10, 1024, 1u << 20, QK_WOQ_SPLIT_N}
 /* The int4 K-block kernels: 128 columns of a 1024-k block per chunk (64
  * KiB of int4, 256 KiB widened), so that a 32-row step's f32 sums over the
@@ -104,6 +106,10 @@ const qk_woq_kernel qk_woq_kernels[] = {
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16},
     {"bf16_gemm_8x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 2, BF16, INT8,
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16},
+    {"bf16w_gemm_8x32c2__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 2, BF16, INT8,
+     FLUSHES, "vdpbf16ps zmm", WIDENED_BF16_BLOCKING,
+     .fn = qk_woq_bf16w_gemm_ukernel_8x32c2__avx512bf16, .widen = qk_woq_widen_x32c2__avx512,
+     .widened_bytes = 2},
     {"bf16_qb4w_gemm_8x32c1__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 1, BF16, INT4,
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16},

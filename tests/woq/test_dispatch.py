@@ -180,10 +180,12 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
     """With every kernel up to AVX-512-BF16 available (a CPU without AMX):
     on Intel's, bfloat16 runs the AVX-512 FMA kernels at every M (vdpbf16ps
     at half the FMA's rate there); on AMD's, the vdpbf16ps kernels from
-    AVX512_BF16_FROM_M (int8 2 rows, int4 1), the FMA below.  The tuner
+    AVX512_BF16_FROM_M (int8 2 rows, int4 1), the FMA below, and for int8
+    the kernel on widened panels above six of its 8-row blocks.  The tuner
     times both levels either way (TUNED_WITH)."""
     _registry_up_to(monkeypatch, "avx512_bf16")
     assert dispatch.AVX512_BF16_FROM_M == {"AuthenticAMD": {dispatch.INT8: 2, dispatch.INT4: 1}}
+    assert dispatch.WIDENED_ABOVE_ROW_BLOCKS["avx512_bf16"] == {dispatch.INT8: 6}
     monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
                         dispatch.AVX512_BF16_FROM_M.get(vendor, {}))
     assert qkern.tuning.TUNED_WITH["avx512_bf16"] == ("avx512",)
@@ -195,6 +197,14 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
                 want), (fmt, m)
         for dtype in (np.float32, np.float16):
             assert dispatch.choose_kernel(dtype, 64, weight_format=fmt).isa == "avx512"
+    if vendor == "AuthenticAMD":
+        for m, want in ((2, "bf16_gemm_8x32c2__avx512bf16"), (48, "bf16_gemm_8x32c2__avx512bf16"),
+                        (49, "bf16w_gemm_8x32c2__avx512bf16"),
+                        (1000, "bf16w_gemm_8x32c2__avx512bf16")):
+            assert dispatch.choose_kernel(ml_dtypes.bfloat16, m).name == want, m
+        assert dispatch.choose_kernel(ml_dtypes.bfloat16, 1000,
+                                      weight_format=dispatch.INT4).name == (
+            "bf16_qb4w_gemm_8x32c1__avx512bf16")
 
 
 def test_cpu_vendor_is_cpuids_and_sets_the_levels_passed_over():

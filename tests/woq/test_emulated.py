@@ -359,7 +359,7 @@ def test_emulated_widened_kernel_through_the_driver(library, kern):
     d = kern.blocking
     cuts = [None, replace(d, rows=1, chunk_bytes=1, min_macs_per_thread=1),
             replace(d, chunk_bytes=1 << 30)]
-    for dtype in DTYPES:
+    for dtype in [d for d in DTYPES if np.dtype(d).name in kern.dtypes]:
         x = (rng.standard_normal((m, k)) * 4).astype(dtype)
         want = np.full((m, n), np.nan, dtype)
         assert emu.gemm(twin, x, packed, scale, bias, want, 1) == 0

@@ -332,12 +332,12 @@ def test_a_widened_copy_is_refused_where_it_does_not_fit():
         kern = param.values[0]
         if not kern.available:
             continue
-        layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, np.float32),
-                                kernel=kern.name)
+        dt = first_dtype(kern)
+        layer = qkern.WoqLinear(np.ones((3, 5), np.int8), np.ones(3, dt), kernel=kern.name)
         short = layer.packed_weight.widened(kern)[:-1]
         with pytest.raises(ValueError, match="widened weight: holds"):
-            _woq.gemm(kern.index, x, 2, 3, 5, 0, 20, None, short, layer._scale_f32, None, y, 12,
-                      1, None, True)
+            _woq.gemm(kern.index, x.astype(dt), 2, 3, 5, dtype_code(dt), 5 * dt.itemsize, None,
+                      short, layer._scale_f32, None, y.astype(dt), 3 * dt.itemsize, 1, None, True)
 
 
 @pytest.mark.parametrize("kern", _reads_widened_copy())
@@ -358,7 +358,7 @@ def test_a_misaligned_widened_copy_gives_the_same_bits(kern):
     from qkern.woq import _run
 
     rng = np.random.default_rng(15)
-    x, w, s, b = _data(rng, 7, kern.nr + 3, 37, np.dtype(np.float32))
+    x, w, s, b = _data(rng, 7, kern.nr + 3, 37, first_dtype(kern))
     layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
     wide = layer.packed_weight.widened(kern)
     shifted = qkern.packing.aligned_empty(wide.nbytes + 16)[16:]
