@@ -68,8 +68,8 @@ ISA_LIBRARIES = [
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"],
         "__m512bh z = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); "
         "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), z, z); (void)v;",
-        ["src/woq/bf16-gemm-x32c2-avx512bf16.c", "src/woq/bf16-qb4w-gemm-x32c1-avx512bf16.c",
-         "src/roofline/peak-vdpbf16ps-avx512bf16.c"],
+        ["src/woq/bf16-gemm-x32c2-avx512bf16.c", "src/woq/bf16-gemv-x1c0-avx512bf16.c",
+         "src/woq/bf16-qb4w-gemm-x32c1-avx512bf16.c", "src/roofline/peak-vdpbf16ps-avx512bf16.c"],
     ),
     (
         "qkern_amx",

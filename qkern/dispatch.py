@@ -52,7 +52,7 @@ DEQUANTIZED_IN_STATIC_RULE = ("avx2", "avx512")
 # Xeon (same problem) 1.9-2.3 ms at M = 8-32, 7.7 ms at M = 128 against
 # 13.8 ms for packing and the AMX kernel (bfloat16; float32 18.8 against
 # 21.0).
-UNPACKED_CALLS = {"avx2": 8, "avx512": 3, "amx": 4}
+UNPACKED_CALLS = {"avx2": 8, "avx512": 3, "avx512_bf16": 3, "amx": 4}
 
 # On a CPU with AMX, the M from which the functional op takes the AMX
 # kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
@@ -514,9 +514,12 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     1.82, 1.99, 2.48 ms, R + 2 to within 15 %.
     """
     name = dtype_name(dtype)
+    bf16_from = AVX512_BF16_FROM_M_HERE.get(weight_format)
+    bf16_ok = bf16_from is not None and m >= bf16_from
     unpacked = [k for k in REGISTRY
                 if k.available and name in k.dtypes and k.weight_format == weight_format
-                and k.kind == "unpacked" and k.isa != "ref"]
+                and k.kind == "unpacked" and k.isa != "ref"
+                and (k.isa != "avx512_bf16" or bf16_ok)]
     if unpacked_ok and layout is None and unpacked:
         unpacked.sort(key=lambda k: ISA_LEVELS.index(k.isa), reverse=True)
         kern = unpacked[0]
@@ -526,9 +529,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
             return _log(kern, name, m)
     cands = _packed_candidates(name, layout, weight_format)
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
-    bf16_from = AVX512_BF16_FROM_M_HERE.get(weight_format)
-    levels = [v for v in levels if ISA_LEVELS[v] != "avx512_bf16"
-              or (bf16_from is not None and m >= bf16_from)] or levels
+    levels = [v for v in levels if ISA_LEVELS[v] != "avx512_bf16" or bf16_ok] or levels
     top = levels[0]
     if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < AMX_FROM_M[weight_format][name]:
         top = levels[1]

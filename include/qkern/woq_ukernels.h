@@ -31,6 +31,7 @@ QK_DECLARE_UKERNEL(qk_woq_f32_gemv_ukernel_8x1c0__avx512)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_1x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemm_ukernel_8x32c2__avx512bf16)
 QK_DECLARE_UKERNEL(qk_woq_bf16w_gemm_ukernel_8x32c2__avx512bf16)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16)
 
 /* K-block kernels on packed x (qk_woq_kblock_fn). */
 #define QK_DECLARE_KBLOCK(NAME)                                                           \

@@ -110,6 +110,8 @@ const qk_woq_kernel qk_woq_kernels[] = {
      FLUSHES, "vdpbf16ps zmm", WIDENED_BF16_BLOCKING,
      .fn = qk_woq_bf16w_gemm_ukernel_8x32c2__avx512bf16, .widen = qk_woq_widen_x32c2__avx512,
      .widened_bytes = 2},
+    {"bf16_gemv_8x1c0__avx512bf16", QK_WOQ_UNPACKED, QK_ISA_AVX512_BF16, 8, 1, 0, BF16, INT8,
+     FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16},
     {"bf16_qb4w_gemm_8x32c1__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 1, BF16, INT4,
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16},

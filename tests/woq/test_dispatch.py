@@ -197,6 +197,11 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
                 want), (fmt, m)
         for dtype in (np.float32, np.float16):
             assert dispatch.choose_kernel(dtype, 64, weight_format=fmt).isa == "avx512"
+    for m in (1, 2, 24, 25):  # the functional op's GEMV, up to 3 calls of it
+        kern = dispatch.choose_kernel(ml_dtypes.bfloat16, m, unpacked_ok=True)
+        gemv = ("bf16_gemv_8x1c0__avx512bf16" if vendor == "AuthenticAMD" and m >= 2
+                else "f32_gemv_8x1c0__avx512")
+        assert (kern.name == gemv if m <= 24 else kern.kind != "unpacked"), (m, kern.name)
     if vendor == "AuthenticAMD":
         for m, want in ((2, "bf16_gemm_8x32c2__avx512bf16"), (48, "bf16_gemm_8x32c2__avx512bf16"),
                         (49, "bf16w_gemm_8x32c2__avx512bf16"),
@@ -229,7 +234,7 @@ def test_functional_op_reads_the_unpacked_weight_with_the_highest_gemv(every_ker
     to UNPACKED_CALLS of its calls (AMX: 4 x 32 rows), but below
     AMX_UNPACKED_FROM_M rows the AVX-512 GEMV's (up to 3 x 8 rows); above
     that the weight is packed, not read by a lower level's GEMV."""
-    assert dispatch.UNPACKED_CALLS == {"avx2": 8, "avx512": 3, "amx": 4}
+    assert dispatch.UNPACKED_CALLS == {"avx2": 8, "avx512": 3, "avx512_bf16": 3, "amx": 4}
     for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
         from_m = dispatch.AMX_UNPACKED_FROM_M[np.dtype(dtype).name]
         assert 1 < from_m <= 24
@@ -344,11 +349,14 @@ def test_unpacked_kernel_only_where_packing_would_dominate():
         name = np.dtype(dtype).name
         # A layer packs once, so it never gets the unpacked layout.
         assert dispatch.choose_kernel(dtype, 1).kind != "unpacked"
-        levels = sorted((k for k in unpacked if name in k.dtypes),
-                        key=lambda k: qkern.ISA_LEVELS.index(k.isa), reverse=True)
-        for m in (1, 4, 8, 9, 16, 17, 32, 33, 64, 129):
+        bf16_from = dispatch.AVX512_BF16_FROM_M_HERE.get(dispatch.INT8)
+        for m in (1, 2, 4, 8, 9, 16, 17, 32, 33, 64, 129):
             kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
-            # the highest level's, but on AMX the next level's for few rows
+            # the highest level's (AVX-512-BF16's where the static rule
+            # takes that level), but on AMX the next level's for few rows
+            levels = sorted((k for k in unpacked if name in k.dtypes and (
+                k.isa != "avx512_bf16" or (bf16_from is not None and m >= bf16_from))),
+                key=lambda k: qkern.ISA_LEVELS.index(k.isa), reverse=True)
             want = levels[0] if levels else None
             if (want is not None and want.isa == "amx" and len(levels) > 1
                     and m < dispatch.AMX_UNPACKED_FROM_M[name]):
