@@ -30,13 +30,6 @@ QK_INLINE void widen_group(const int8_t* wp, __m512bh* b0, __m512bh* b1) {
   *b1 = _mm512_cvtne2ps_pbh(qk512_i8_to_f32(wp + 48), qk512_i8_to_f32(wp + 32));
 }
 
-/* Bytes of one panel of kc k values: packed int8 (WB = 1), or widened
- * bf16 (WB = 2, k-groups padded to a multiple of 16). */
-QK_INLINE size_t x32c2_panel_bytes(const size_t WB, size_t kc) {
-  const size_t groups = (kc + 1) / 2;
-  return WB == 1 ? groups * 64 : (groups + 15) / 16 * 16 * 128;
-}
-
 /* One k-group (k and k + 1, or k alone when !both) of P panels of weights
  * of WB bytes, panel p's at wp + p * panel_bytes, for MR rows into
  * acc[i][2p], acc[i][2p + 1]. */
@@ -71,7 +64,7 @@ QK_INLINE void bf16_step(const size_t MR, const size_t P, const size_t WB, __m51
 QK_INLINE void bf16_panels(const size_t MR, const size_t P, const size_t WB, size_t p0, size_t nc,
                            size_t kc, const char* const* ar, char* const* cr, const int8_t* w,
                            const float* scale, const float* bias) {
-  const size_t kpairs = kc / 2, panel_bytes = x32c2_panel_bytes(WB, kc);
+  const size_t kpairs = kc / 2, panel_bytes = qk_x32c2_panel_bytes(WB, kc);
   __m512 acc[8][8];
   for (size_t i = 0; i < MR; i++)
     for (size_t v = 0; v < 2 * P; v++) acc[i][v] = _mm512_setzero_ps();

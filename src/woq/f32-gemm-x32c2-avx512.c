@@ -32,13 +32,6 @@ QK_INLINE __m512 bcast_pair(const float* row, size_t k, int both) {
   return _mm512_castsi512_ps(_mm512_set1_epi64((long long)pair));
 }
 
-/* Bytes of one panel of kc k values: packed int8 (WB = 1), or widened f32
- * (WB = 4, k-groups padded to a multiple of 16). */
-QK_INLINE size_t x32c2_panel_bytes(size_t WB, size_t kc) {
-  const size_t groups = (kc + 1) / 2;
-  return WB == 1 ? groups * 64 : (groups + 15) / 16 * 16 * 256;
-}
-
 /* 16 weights of a k-group (run j) as f32. */
 QK_INLINE __m512 load_run(const size_t WB, const int8_t* wp, size_t j) {
   return WB == 1 ? qk512_i8_to_f32(wp + 16 * j) : _mm512_loadu_ps((const float*)wp + 16 * j);
@@ -71,7 +64,7 @@ QK_INLINE void x32c2(const size_t MR, const size_t WB, const qk_dtype DT, size_t
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 
-  for (size_t n0 = 0; n0 < nc; n0 += 32, w += x32c2_panel_bytes(WB, kc)) {
+  for (size_t n0 = 0; n0 < nc; n0 += 32, w += qk_x32c2_panel_bytes(WB, kc)) {
     __m512 acc[6][4];
     for (size_t i = 0; i < MR; i++)
       for (size_t j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();

@@ -26,6 +26,14 @@
  * 0.87-1.01x. */
 #define QK_GEMV_L2_PREFETCH_BYTES (64 * 1024)
 
+/* Bytes of one 32c2 panel of kc k values: packed int8 (WB = 1), or
+ * widened to values of WB bytes (bf16 2, f32 4), its k-groups padded to a
+ * multiple of 16 (include/qkern/woq.h). */
+QK_INLINE size_t qk_x32c2_panel_bytes(const size_t WB, size_t kc) {
+  const size_t groups = (kc + 1) / 2;
+  return WB == 1 ? groups * 64 : (groups + 15) / 16 * 16 * 64 * WB;
+}
+
 /* Row pointers of x (rows of f32, as the kernels read them) and y for R
  * rows. */
 QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_t c_stride,
