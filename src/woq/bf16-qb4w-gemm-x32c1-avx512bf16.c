@@ -11,8 +11,9 @@
  * as one 32-bit lane.  A panel's 16-byte rows k and k+1 (32 bytes) widen
  * in-register to two vectors of 16 columns x (q[k], q[k+1]) bf16, columns
  * 0..15 and 16..31: a zero-extension to words, one word permutation that
- * pairs the two rows column by column, an AND and a shift, and a lookup
- * of q -> bf16(q) (exact) in a 16-word table; shared by the rows, one
+ * pairs the two rows column by column, and a lookup of q -> bf16(q)
+ * (exact) of the words (low nibbles, no AND: qk512_qb4w_bf16_of_q) and of
+ * the words shifted right by 4; shared by the rows, one
  * vdpbf16ps per row and vector adds x[k+1] q[k+1], then x[k] q[k] (exact
  * products, each add rounded, DAZ/FTZ) into the group's partial sums p.
  * Twice the multiply-adds of an FMA per instruction.  The group epilogue

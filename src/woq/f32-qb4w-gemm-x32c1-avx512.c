@@ -6,8 +6,11 @@
  * layout (nr = 32), the order of sums the header fixes for every int4
  * kernel.  x arrives in f32 with its group sums (the driver converts it).
  * A panel's 16-byte row (one k) widens in-register to two vectors of 16
- * f32 q values, columns 0..15 and 16..31 (one zero-extension, an AND and
- * a shift, two conversions: half the AVX2 kernel's µops per weight),
+ * f32 q values, columns 0..15 and 16..31: one zero-extension to dwords,
+ * then for the low nibbles a vpermps lookup in a table of the floats 0..15
+ * (it reads the low 4 bits of each index: no AND, no conversion), for the
+ * high ones a shift and a conversion (two lookups ran slower than one on a
+ * Zen 4: the two kinds of instruction share the load between ports);
  * shared by the rows: one FMA per row and vector into the group's partial
  * sums p.  At the end of each group, per row and column, acc = fma(p, s,
  * acc) then acc = fma(xs, z', acc), with s and z' = fma(-8, s, z) read from
@@ -29,14 +32,14 @@
  * the partial sums ps[.][2P s ..] of MR rows. */
 QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const uint8_t* wk,
                          size_t panel_bytes, size_t group_size, const float* const* ar, size_t k,
-                         __m512i low, __m512 ps[8][8]) {
+                         __m512 table, __m512 ps[8][8]) {
 #pragma GCC unroll 4
   for (size_t s = 0; s < GS; s++)
 #pragma GCC unroll 4
     for (size_t p = 0; p < P; p++) {
       const uint8_t* row = wk + s * group_size * 16 + p * panel_bytes;
       const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
-      const __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(b, low));
+      const __m512 q0 = _mm512_permutexvar_ps(b, table); /* its low 4 bits index */
       const __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
@@ -55,7 +58,7 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
                            const float* const* ar, const uint8_t* w0, const char* sz,
                            size_t sz_stride, __m512 acc[8][8]) {
   const size_t panel_bytes = kc * 16;
-  const __m512i low = _mm512_set1_epi32(15);
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   if ((g + GS) * group_size < kc) /* the next groups' scales and zeros, fetched now */
     qk512_qb4w_prefetch_params(P, GS, DT, g + GS, p0, sz, sz_stride);
   __m512 ps[8][8];
@@ -70,7 +73,7 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
                      _MM_HINT_T0);
 #pragma GCC unroll 4
     for (size_t u = 0; u < 4; u++)
-      qb4w_step(MR, P, GS, wk + u * 16, panel_bytes, group_size, ar, k + u, low, ps);
+      qb4w_step(MR, P, GS, wk + u * 16, panel_bytes, group_size, ar, k + u, table, ps);
   }
   qk512_qb4w_apply_groups(MR, P, GS, DT, g, p0, nc, kc, ar, sz, sz_stride, ps, acc);
 }

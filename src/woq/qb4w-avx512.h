@@ -39,10 +39,13 @@ QK_INLINE void qk512_qb4w_params16(const char* p, size_t count, qk_dtype DT, __m
   *zp = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *s, z);
 }
 
-/* bf16(q) for q = 0..15 (exact); entries 16..31 are never indexed. */
-static const uint16_t qk512_qb4w_bf16_of_q[32]
-    __attribute__((aligned(64))) = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-                                    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+/* bf16(i & 15) for i = 0..31 (exact): vpermw reads the low 5 bits of an
+ * index, so a byte widened to a word looks its low nibble up here with no
+ * AND. */
+static const uint16_t qk512_qb4w_bf16_of_q[32] __attribute__((aligned(64))) = {
+    0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120,
+    0x4130, 0x4140, 0x4150, 0x4160, 0x4170, 0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0,
+    0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
 
 /* Word indices pairing 16 bytes of row k (words 0..15) with those of row
  * k + 1 (words 16..31), column by column. */
@@ -53,14 +56,15 @@ static const uint16_t qk512_qb4w_pair_rows[32]
 /* The 32 bytes of packed int4 rows k and k + 1 at row -> the (q[k],
  * q[k+1]) bf16 pairs of columns 0..15 (*q0) and 16..31 (*q1), the operand
  * order of vdpbf16ps and of an AMX B tile row: a zero-extension to words,
- * one word permutation pairing the rows column by column, an AND and a
- * shift, and a lookup of q -> bf16(q) (exact).  pairs and table are
- * qk512_qb4w_pair_rows and qk512_qb4w_bf16_of_q, loaded. */
+ * one word permutation pairing the rows column by column, and a lookup of
+ * q -> bf16(q) (exact) of each word (low nibble) and of it shifted right
+ * by 4 (high nibble).  pairs and table are qk512_qb4w_pair_rows and
+ * qk512_qb4w_bf16_of_q, loaded. */
 QK_INLINE void qk512_qb4w_widen_pair(const uint8_t* row, __m512i pairs, __m512i table, __m512i* q0,
                                      __m512i* q1) {
   const __m512i b = _mm512_permutexvar_epi16(
       pairs, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)row)));
-  *q0 = _mm512_permutexvar_epi16(_mm512_and_si512(b, _mm512_set1_epi16(15)), table);
+  *q0 = _mm512_permutexvar_epi16(b, table);
   *q1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
 }
 
