@@ -301,7 +301,7 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
     name = kern.name.decode()
     if kern.fn == NULL or kern.kind == QK_WOQ_KBLOCK:
         raise ValueError(f"{name}: no single-call micro-kernel on packed panels; use gemm")
-    if not 1 <= mr <= min(kern.mr, 32):
+    if mr < 1 or mr > kern.mr or mr > 32:
         raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr}, got mr = {mr}")
     if nc == 0:
         raise ValueError(f"{name}: expected nc >= 1 columns, got nc = 0")
@@ -368,7 +368,7 @@ def ukernel_int4(size_t index, size_t mr, size_t nc, size_t kc, size_t group_siz
     name = kern.name.decode()
     if kern.int4_fn == NULL:
         raise ValueError(f"{name}: no single-call micro-kernel (a K-block kernel); use gemm_int4")
-    if not 1 <= mr <= min(kern.mr, 32):
+    if mr < 1 or mr > kern.mr or mr > 32:
         raise ValueError(f"{name}: expected 1 <= mr <= {kern.mr}, got mr = {mr}")
     if nc == 0:
         raise ValueError(f"{name}: expected nc >= 1 columns, got nc = 0")

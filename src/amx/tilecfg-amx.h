@@ -1,6 +1,6 @@
 /*
  * tilecfg-amx.h -- the AMX tile configuration, one definition for the AMX
- * kernels (src/woq/*-amx.c) and the tdpbf16ps peak loop
+ * kernels (the files *-amx.c of src/woq) and the tdpbf16ps peak loop
  * (src/roofline/peak-tdpbf16ps-amx.c).  AMX-TILE instructions: include it
  * from *-amx.c files only.
  */

@@ -48,9 +48,8 @@ double qk_peak_run(size_t index, size_t iters, int threads) {
   const double t0 = now();
 #pragma omp parallel num_threads(threads)
   {
-    const float r = fn(iters);
 #pragma omp atomic write
-    peak_sink = r;
+    peak_sink = fn(iters);
   }
   return now() - t0;
 }

@@ -61,15 +61,15 @@ QK_INLINE size_t qk512_mask_span(__mmask16 mask) {
 
 /* Stores the lanes of v selected by mask at element n of a dtype-DT row. */
 QK_INLINE void qk512_store(char* row, size_t n, qk_dtype DT, __m512 v, __mmask16 mask) {
-  const size_t esize = DT == QK_F32 ? 4 : 2;
-  QK_ASAN_CHECK(row + esize * n, esize * qk512_mask_span(mask), 1);
+  char* const at = row + (DT == QK_F32 ? 4 : 2) * n;
+  QK_ASAN_CHECK(at, (DT == QK_F32 ? 4 : 2) * qk512_mask_span(mask), 1);
   switch (DT) {
-    case QK_F32: _mm512_mask_storeu_ps(row + 4 * n, mask, v); break;
+    case QK_F32: _mm512_mask_storeu_ps(at, mask, v); break;
     case QK_F16:
-      _mm256_mask_storeu_epi16(row + 2 * n, mask,
+      _mm256_mask_storeu_epi16(at, mask,
                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       break;
-    case QK_BF16: _mm256_mask_storeu_epi16(row + 2 * n, mask, qk512_f32_to_bf16(v)); break;
+    case QK_BF16: _mm256_mask_storeu_epi16(at, mask, qk512_f32_to_bf16(v)); break;
   }
 }
 

@@ -66,7 +66,7 @@ QK_INLINE void pack_row(const int TRANSPOSED, const void* row, qk_dtype dt, size
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   char* o = (char*)group + (TRANSPOSED ? 1024 * (i / 16) + 4 * (i % 16) : 64 * i);
   for (size_t k = 0; k < kc; k += 32, o += chunk_stride) {
-    __m512i v[3];
+    __m512i v[3] = {0}; /* chunk_planes writes the first `planes` (zeros: for -Wall) */
     chunk_planes(row, dt, k, kc - k, planes, idx, v);
     for (size_t p = 0; p < planes; p++) {
       if (TRANSPOSED) { /* pair r of the chunk 64 bytes after pair r - 1 */
