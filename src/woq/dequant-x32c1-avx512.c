@@ -5,7 +5,8 @@
  *
  * Contract: qk_woq_dequantize_fn.  Each int4 panel becomes one f32 panel,
  * each k's 32 values two 64-byte lines: columns 0..15 from the low
- * nibbles, then columns 16..31 from the high ones (kc, whole groups, is a
+ * nibbles, then columns 16..31 from the high ones (qk512_qb4w_widen_f32,
+ * as f32_qb4w_gemm_8x32c1__avx512 widens them; kc, whole groups, is a
  * multiple of 32, so no k is padded): w = fma(q, s, z'), z' = fma(-8, s,
  * z), one rounding each (compute f32dq_qb4w, as the AVX2 dequantization).
  * Columns at or beyond nc take s = z = 0, so w = 0, and their scales are
@@ -18,7 +19,7 @@ void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t k
                                   size_t group_size, const void* sz, size_t sz_stride, qk_dtype dt,
                                   size_t nc, float* out) {
   const size_t pair = dt == QK_F32 ? 8 : 4;
-  const __m512i low = _mm512_set1_epi32(15);
+  const __m512 table = _mm512_load_ps(qk512_qb4w_f32_of_q);
   for (size_t p = 0; p < panels; p++, packed += kc * 16) {
     float* dst = out + p * kc * 32;
     for (size_t g = 0; g < kc / group_size; g++) {
@@ -29,9 +30,8 @@ void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t k
         qk512_qb4w_params16(row + col * pair, left < 16 ? left : 16, dt, &s[h], &zp[h]);
       }
       for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(packed + k * 16)));
-        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(b, low));
-        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+        __m512 q0, q1;
+        qk512_qb4w_widen_f32(packed + k * 16, table, &q0, &q1);
         _mm512_storeu_ps(dst + k * 32, _mm512_fmadd_ps(q0, s[0], zp[0]));
         _mm512_storeu_ps(dst + k * 32 + 16, _mm512_fmadd_ps(q1, s[1], zp[1]));
       }

@@ -5,22 +5,20 @@
  * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
  * layout (nr = 32), the order of sums the header fixes for every int4
  * kernel.  x arrives in f32 with its group sums (the driver converts it).
- * A panel's 16-byte row (one k) widens in-register to two vectors of 16
- * f32 q values, columns 0..15 and 16..31: one zero-extension to dwords,
- * then for the low nibbles a vpermps lookup in a table of the floats 0..15
- * (it reads the low 4 bits of each index: no AND, no conversion), for the
- * high ones a shift and a conversion (two lookups ran slower than one on a
- * Zen 4: the two kinds of instruction share the load between ports);
- * shared by the rows: one FMA per row and vector into the group's partial
- * sums p.  At the end of each group, per row and column, acc = fma(p, s,
- * acc) then acc = fma(xs, z', acc), with s and z' = fma(-8, s, z) read from
- * scales_and_zeros in y's dtype (masked: nothing beyond column nc).  The
- * body is specialised for each mr in 1..8, so no FMA is spent on a missing
- * row; one row runs four panels at once and two or three rows two, so that
- * eight or more independent FMA chains hide the FMA latency; with fewer
- * panels in the call (one per chunk at large K), as many groups run side
- * by side (their sums are independent chains).  Four k per step: one
- * 64-byte line of each panel and group, one prefetch.
+ * A panel's 16-byte row (one k) widens in-register to two vectors of 16 f32
+ * q values, columns 0..15 and 16..31 (qk512_qb4w_widen_f32: one
+ * zero-extension, a vpermps lookup for the low nibbles, a shift and a
+ * conversion for the high ones), shared by the rows: one FMA per row and
+ * vector into the group's partial sums p.  At the end of each group, per row
+ * and column, acc = fma(p, s, acc) then acc = fma(xs, z', acc), with s and
+ * z' = fma(-8, s, z) read from scales_and_zeros in y's dtype (masked:
+ * nothing beyond column nc).  The body is specialised for each mr in 1..8,
+ * so no FMA is spent on a missing row; one row runs four panels at once and
+ * two or three rows two, so that eight or more independent FMA chains hide
+ * the FMA latency; with fewer panels in the call (one per chunk at large
+ * K), as many groups run side by side (their sums are independent
+ * chains).  Four k per step: one 64-byte line of each panel and group, one
+ * prefetch.
  */
 #include <immintrin.h>
 
@@ -37,10 +35,8 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const
   for (size_t s = 0; s < GS; s++)
 #pragma GCC unroll 4
     for (size_t p = 0; p < P; p++) {
-      const uint8_t* row = wk + s * group_size * 16 + p * panel_bytes;
-      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
-      const __m512 q0 = _mm512_permutexvar_ps(b, table); /* its low 4 bits index */
-      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+      __m512 q0, q1;
+      qk512_qb4w_widen_f32(wk + s * group_size * 16 + p * panel_bytes, table, &q0, &q1);
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
         const __m512 xv = _mm512_set1_ps(ar[i][k + s * group_size]);
@@ -58,7 +54,7 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
                            const float* const* ar, const uint8_t* w0, const char* sz,
                            size_t sz_stride, __m512 acc[8][8]) {
   const size_t panel_bytes = kc * 16;
-  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 table = _mm512_load_ps(qk512_qb4w_f32_of_q);
   if ((g + GS) * group_size < kc) /* the next groups' scales and zeros, fetched now */
     qk512_qb4w_prefetch_params(P, GS, DT, g + GS, p0, sz, sz_stride);
   __m512 ps[8][8];

@@ -39,6 +39,24 @@ QK_INLINE void qk512_qb4w_params16(const char* p, size_t count, qk_dtype DT, __m
   *zp = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *s, z);
 }
 
+/* The floats 0..15: q -> f32(q) for vpermps, which reads the low 4 bits
+ * of each index lane. */
+static const float qk512_qb4w_f32_of_q[16]
+    __attribute__((aligned(64))) = {0.0f, 1.0f, 2.0f,  3.0f,  4.0f,  5.0f,  6.0f,  7.0f,
+                                    8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f};
+
+/* The 16-byte packed int4 row at row -> its q values in f32, columns
+ * 0..15 (*q0) and 16..31 (*q1): a zero-extension to dwords, then a
+ * lookup in table (qk512_qb4w_f32_of_q, loaded) for the low nibbles (no
+ * AND, no conversion) and a shift and a conversion for the high ones (a
+ * second lookup ran slower on a Zen 4: the two kinds of instruction share
+ * out the vector ports). */
+QK_INLINE void qk512_qb4w_widen_f32(const uint8_t* row, __m512 table, __m512* q0, __m512* q1) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
+  *q0 = _mm512_permutexvar_ps(b, table);
+  *q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+
 /* bf16(i & 15) for i = 0..31 (exact): vpermw reads the low 5 bits of an
  * index, so a byte widened to a word looks its low nibble up here with no
  * AND. */
