@@ -1,0 +1,178 @@
+/*
+ * ukernel_ab.c -- two builds of one WoQ micro-kernel, qk_ab_a and qk_ab_b
+ * (benchmarks/ukernel_ab.sh compiles the kernel's file at two revisions,
+ * renaming its symbol), called alternately on the same operands in one
+ * process: the minimum and median time of each per call, their ratio, and
+ * whether they wrote the same bits.  On a shared machine, where two runs
+ * of one build differ by more than a kernel change gains, this is the
+ * comparison that resolves a few per cent.
+ *
+ *   ukernel_ab int8 NR KR MR NC KC XDT DT [ROUNDS]
+ *   ukernel_ab int4 GROUP MR NC KC DT [ROUNDS]
+ *
+ * int8: qk_woq_ukernel_fn on packed panels of layout (NR, KR) (KR = 0:
+ * the row-major weight), rows of x in XDT (f32 for a kernel that converts
+ * x: the driver hands it f32 rows), y in DT.  int4: qk_woq_int4_ukernel_fn
+ * on packed int4 panels, f32 rows of x with their group sums, scales and
+ * zeros and y in DT.  Kernels on widened or dequantized panels, with their
+ * own packing of x, or K-block kernels are not called here.  Operands fit
+ * in L2 at the sizes this is meant for (K a few thousand, NC 128): the
+ * kernel's own speed, without the memory system's noise.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "qkern/fpenv.h"
+#include "qkern/woq.h"
+
+#ifdef AB_INT4
+#define AB_PARAMS                                                                             \
+  size_t, size_t, size_t, size_t, const float* const*, qk_dtype, const uint8_t*, const void*, \
+      size_t, const float*, void*, ptrdiff_t
+#else
+#define AB_PARAMS                                                                                  \
+  size_t, size_t, size_t, const void* const*, qk_dtype, const int8_t*, const float*, const float*, \
+      void*, ptrdiff_t
+#endif
+void qk_ab_a(AB_PARAMS);
+void qk_ab_b(AB_PARAMS);
+
+static double thread_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int by_value(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+static qk_dtype dtype_of(const char* name) {
+  if (!strcmp(name, "f32")) return QK_F32;
+  if (!strcmp(name, "f16")) return QK_F16;
+  if (!strcmp(name, "bf16")) return QK_BF16;
+  fprintf(stderr, "ukernel_ab: dtype %s is not f32, f16 or bf16\n", name);
+  exit(2);
+}
+
+/* v (a multiple of 1/64 below 2 in magnitude: exact in every dtype) in dt at p[i]. */
+static void put(void* p, size_t i, qk_dtype dt, float v) {
+  if (dt == QK_F32) {
+    ((float*)p)[i] = v;
+  } else if (dt == QK_F16) {
+    const _Float16 h = (_Float16)v;
+    memcpy((uint16_t*)p + i, &h, 2);
+  } else {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    ((uint16_t*)p)[i] = (uint16_t)(bits >> 16);
+  }
+}
+
+static size_t esize(qk_dtype dt) { return dt == QK_F32 ? 4 : 2; }
+
+static void* buffer(size_t bytes) {
+  void* p = aligned_alloc(64, (bytes + 64) / 64 * 64 + 64);
+  if (!p) {
+    fprintf(stderr, "ukernel_ab: out of memory\n");
+    exit(2);
+  }
+  memset(p, 0, (bytes + 64) / 64 * 64 + 64);
+  return p;
+}
+
+int main(int argc, char** argv) {
+#ifdef AB_INT4
+  if (argc < 7 || strcmp(argv[1], "int4")) {
+    fprintf(stderr, "usage: %s int4 GROUP MR NC KC DT [ROUNDS]\n", argv[0]);
+    return 2;
+  }
+  const size_t group = strtoul(argv[2], NULL, 10), mr = strtoul(argv[3], NULL, 10);
+  const size_t nc = strtoul(argv[4], NULL, 10), kc = strtoul(argv[5], NULL, 10);
+  const qk_dtype dt = dtype_of(argv[6]);
+  const size_t rounds = argc > 7 ? strtoul(argv[7], NULL, 10) : 101;
+  if (!group || kc % group || !mr || mr > 32 || !nc) {
+    fprintf(stderr, "ukernel_ab: expected GROUP dividing KC, 1 <= MR <= 32, NC >= 1\n");
+    return 2;
+  }
+  const size_t row_floats = kc + kc / group, panels = (nc + 31) / 32;
+  float* x = buffer(mr * row_floats * 4);
+  const float* rows[32];
+  for (size_t i = 0; i < mr; i++) {
+    float* r = x + i * row_floats;
+    for (size_t k = 0; k < kc; k++) r[k] = (float)((int)((i * kc + k) * 7 % 13) - 6) / 8.0f;
+    for (size_t g = 0; g < kc / group; g++)
+      for (size_t k = g * group; k < (g + 1) * group; k++) r[kc + g] += r[k];
+    rows[i] = r;
+  }
+  uint8_t* w = buffer(panels * kc * 16);
+  for (size_t i = 0; i < panels * kc * 16; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
+  char* sz = buffer(kc / group * nc * 2 * esize(dt));
+  for (size_t i = 0; i < kc / group * nc * 2; i++)
+    put(sz, i, dt, i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
+#define AB_CALL(FN, C) \
+  FN(mr, nc, kc, group, rows, dt, w, sz, nc * 2 * esize(dt), NULL, C, (ptrdiff_t)(nc * esize(dt)))
+#else
+  if (argc < 9 || strcmp(argv[1], "int8")) {
+    fprintf(stderr, "usage: %s int8 NR KR MR NC KC XDT DT [ROUNDS]\n", argv[0]);
+    return 2;
+  }
+  const size_t nr = strtoul(argv[2], NULL, 10), kr = strtoul(argv[3], NULL, 10);
+  const size_t mr = strtoul(argv[4], NULL, 10), nc = strtoul(argv[5], NULL, 10);
+  const size_t kc = strtoul(argv[6], NULL, 10);
+  const qk_dtype xdt = dtype_of(argv[7]), dt = dtype_of(argv[8]);
+  const size_t rounds = argc > 9 ? strtoul(argv[9], NULL, 10) : 101;
+  if (!nr || !mr || mr > 32 || !nc) {
+    fprintf(stderr, "ukernel_ab: expected NR >= 1, 1 <= MR <= 32, NC >= 1\n");
+    return 2;
+  }
+  char* x = buffer(mr * kc * esize(xdt));
+  const void* rows[32];
+  for (size_t i = 0; i < mr; i++) {
+    for (size_t k = 0; k < kc; k++)
+      put(x, i * kc + k, xdt, (float)((int)((i * kc + k) * 7 % 13) - 6) / 8.0f);
+    rows[i] = x + i * kc * esize(xdt);
+  }
+  const size_t cols = (nc + nr - 1) / nr * nr, depth = kr ? (kc + kr - 1) / kr * kr : kc;
+  int8_t* w = buffer(cols * depth);
+  for (size_t i = 0; i < cols * depth; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
+  float* scale = buffer((cols + 32) * 4);
+  for (size_t n = 0; n < cols + 32; n++) scale[n] = (float)(1 + n % 5) / 64.0f;
+#define AB_CALL(FN, C) FN(mr, nc, kc, rows, dt, w, scale, NULL, C, (ptrdiff_t)(nc * esize(dt)))
+#endif
+  char* c[2] = {buffer(mr * nc * esize(dt)), buffer(mr * nc * esize(dt))};
+  double* t[2] = {buffer(rounds * sizeof(double)), buffer(rounds * sizeof(double))};
+  const qk_fpenv saved = qk_fpenv_enter();
+  size_t calls = 1; /* per sample: about 100 microseconds of kernel */
+  for (;;) {
+    const double t0 = thread_seconds();
+    for (size_t q = 0; q < calls; q++) AB_CALL(qk_ab_a, c[0]);
+    if (thread_seconds() - t0 > 1e-4 || calls >= (1u << 20)) break;
+    calls *= 2;
+  }
+  for (size_t r = 0; r < rounds; r++)
+    for (int v = 0; v < 2; v++) {
+      const double t0 = thread_seconds();
+      for (size_t q = 0; q < calls; q++) {
+        if (v)
+          AB_CALL(qk_ab_b, c[1]);
+        else
+          AB_CALL(qk_ab_a, c[0]);
+      }
+      t[v][r] = (thread_seconds() - t0) / (double)calls;
+    }
+  qk_fpenv_leave(saved);
+  for (int v = 0; v < 2; v++) qsort(t[v], rounds, sizeof(double), by_value);
+  const size_t mid = rounds / 2;
+  printf("a: min %.2f us  median %.2f us\n", 1e6 * t[0][0], 1e6 * t[0][mid]);
+  printf("b: min %.2f us  median %.2f us\n", 1e6 * t[1][0], 1e6 * t[1][mid]);
+  printf("b / a: min %.3f  median %.3f  (%zu rounds of %zu calls each, alternating)\n",
+         t[1][0] / t[0][0], t[1][mid] / t[0][mid], rounds, calls);
+  const int same = !memcmp(c[0], c[1], mr * nc * esize(dt));
+  printf("bits: %s\n", same ? "the same" : "DIFFERENT");
+  return 0;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One WoQ micro-kernel at a git revision (a) against the working tree (b),
+# side by side in one process (benchmarks/ukernel_ab.c):
+#   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int8 NR KR MR NC KC XDT DT [ROUNDS]
+#   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int4 GROUP MR NC KC DT [ROUNDS]
+# e.g. the AVX-512 int4 kernel (float32 y) on 8 rows, 128 columns,
+# K = 4096, groups of 128, against the commit before the last:
+#   bash benchmarks/ukernel_ab.sh HEAD~1 src/woq/f32-qb4w-gemm-x32c1-avx512.c \
+#       qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512 int4 128 8 128 4096 f32
+# FILE is compiled twice, at REV (with REV's headers) and as it is now,
+# with the flags setup.py gives its ISA library and the kernels' own
+# flags, SYMBOL renamed qk_ab_a and qk_ab_b.  Prints each one's min and
+# median per call, the ratio b / a and whether both wrote the same bits.
+# The CPU must run FILE's ISA.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 9 ]; then
+  sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+rev=$1 file=$2 symbol=$3
+shift 3
+kind=$1
+case "$kind" in
+  int8) define= ;;
+  int4) define=-DAB_INT4 ;;
+  *) echo "ukernel_ab: the weight is int8 or int4, not $kind" >&2; exit 2 ;;
+esac
+python=${PYTHON:-python3}
+# setup.py's flags: the ISA library's, COMMON_CFLAGS and KERNEL_CFLAGS
+flags=$("$python" - "$file" <<'EOF'
+import ast, sys
+tree = ast.parse(open("setup.py").read())
+values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+          for t in node.targets if isinstance(t, ast.Name)}
+def literal(name):
+    node = values[name]
+    if isinstance(node, ast.BinOp):  # COMMON_CFLAGS = [...] + SANITIZE_FLAGS
+        node = node.left
+    return ast.literal_eval(node)
+isa = [lib[2] for lib in literal("ISA_LIBRARIES") if sys.argv[1] in lib[4]]
+print(" ".join((isa[0] if isa else []) + literal("COMMON_CFLAGS") + literal("KERNEL_CFLAGS")))
+EOF
+)
+cc=${CC:-cc}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git archive "$rev" include src | tar -x -C "$work"
+# each copy keeps only the kernel global (a file may define several), and
+# takes the packing helpers (qk_woq_group_len) from the working tree
+"$cc" $flags -w -I"$work/include" -I"$work/$(dirname "$file")" "-D$symbol=qk_ab_a" \
+  -c "$work/$file" -o "$work/a.o"
+"$cc" $flags -w -Iinclude -I"$(dirname "$file")" "-D$symbol=qk_ab_b" -c "$file" -o "$work/b.o"
+objcopy --keep-global-symbol=qk_ab_a "$work/a.o"
+objcopy --keep-global-symbol=qk_ab_b "$work/b.o"
+"$cc" $flags $define -ffunction-sections -Wl,--gc-sections -Iinclude benchmarks/ukernel_ab.c \
+  src/woq/woq_pack.c "$work/a.o" "$work/b.o" -o "$work/ukernel_ab"
+"$work/ukernel_ab" "$@"

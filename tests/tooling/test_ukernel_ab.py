@@ -1,0 +1,56 @@
+"""benchmarks/ukernel_ab.sh: one micro-kernel at a git revision against
+the working tree, side by side in one process. Run on the portable
+reference kernel (any x86-64 CPU), in a clone of this checkout so that
+its working tree can differ from the revision."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL = ("src/woq/f32-gemm-ref.c", "qk_woq_f32_gemm_ukernel_4x16c1__ref")
+ARGS = ["int8", "16", "1", "4", "33", "40", "f32", "bf16", "5"]
+
+
+def _clone(tmp_path):
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout")
+    for tool in ("cc", "objcopy"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs {tool}")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    for path in ("benchmarks/ukernel_ab.sh", "benchmarks/ukernel_ab.c"):  # this tree's tool
+        shutil.copy(ROOT / path, clone / path)
+    return clone
+
+
+def _run(clone):
+    out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", *KERNEL, *ARGS], cwd=clone,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_same_kernel_gives_the_same_bits_and_a_ratio(tmp_path):
+    report = _run(_clone(tmp_path))
+    for side in ("a", "b"):
+        assert re.search(rf"^{side}: min \d+\.\d+ us  median \d+\.\d+ us$", report, re.M), report
+    ratio = re.search(r"^b / a: min (\d+\.\d+)  median (\d+\.\d+)", report, re.M)
+    assert ratio and all(float(r) > 0 for r in ratio.groups()), report
+    assert "bits: the same" in report
+
+
+def test_a_changed_kernel_is_reported_different(tmp_path):
+    """Control: the working tree's kernel adds the scale instead of
+    multiplying by it."""
+    clone = _clone(tmp_path)
+    source = clone / KERNEL[0]
+    text = source.read_text()
+    assert "float v = acc * scale[n0 + j];" in text
+    source.write_text(text.replace("float v = acc * scale[n0 + j];",
+                                   "float v = acc + scale[n0 + j];"))
+    assert "bits: DIFFERENT" in _run(clone)
