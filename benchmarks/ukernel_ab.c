@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
   const size_t nc = strtoul(argv[4], NULL, 10), kc = strtoul(argv[5], NULL, 10);
   const qk_dtype dt = dtype_of(argv[6]);
   const size_t rounds = argc > 7 ? strtoul(argv[7], NULL, 10) : 101;
-  if (!group || kc % group || !mr || mr > 32 || !nc) {
-    fprintf(stderr, "ukernel_ab: expected GROUP dividing KC, 1 <= MR <= 32, NC >= 1\n");
+  if (!group || kc % group || !mr || mr > 32 || !nc || !rounds) {
+    fprintf(stderr, "ukernel_ab: expected GROUP dividing KC, 1 <= MR <= 32, NC, ROUNDS >= 1\n");
     return 2;
   }
   const size_t row_floats = kc + kc / group, panels = (nc + 31) / 32;
@@ -126,8 +126,8 @@ int main(int argc, char** argv) {
   const size_t kc = strtoul(argv[6], NULL, 10);
   const qk_dtype xdt = dtype_of(argv[7]), dt = dtype_of(argv[8]);
   const size_t rounds = argc > 9 ? strtoul(argv[9], NULL, 10) : 101;
-  if (!nr || !mr || mr > 32 || !nc) {
-    fprintf(stderr, "ukernel_ab: expected NR >= 1, 1 <= MR <= 32, NC >= 1\n");
+  if (!nr || !mr || mr > 32 || !nc || !rounds) {
+    fprintf(stderr, "ukernel_ab: expected NR >= 1, 1 <= MR <= 32, NC, ROUNDS >= 1\n");
     return 2;
   }
   char* x = buffer(mr * kc * esize(xdt));

@@ -11,14 +11,16 @@
 # with the flags setup.py gives its ISA library and the kernels' own
 # flags, SYMBOL renamed qk_ab_a and qk_ab_b.  Prints each one's min and
 # median per call, the ratio b / a and whether both wrote the same bits.
-# The CPU must run FILE's ISA.
+# The CPU must run FILE's ISA; MR must not exceed the kernel's (the 8 of
+# ..._8x32c1__...), and XDT is the dtype the kernel reads x in (f32 where
+# the driver converts x for it, else DT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 9 ]; then
   sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
-rev=$1 file=$2 symbol=$3
+rev=$1 file=${2#./} symbol=$3
 shift 3
 kind=$1
 case "$kind" in
@@ -29,7 +31,7 @@ esac
 python=${PYTHON:-python3}
 # setup.py's flags: the ISA library's, COMMON_CFLAGS and KERNEL_CFLAGS
 flags=$("$python" - "$file" <<'EOF'
-import ast, sys
+import ast, os, sys
 tree = ast.parse(open("setup.py").read())
 values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
           for t in node.targets if isinstance(t, ast.Name)}
@@ -38,10 +40,13 @@ def literal(name):
     if isinstance(node, ast.BinOp):  # COMMON_CFLAGS = [...] + SANITIZE_FLAGS
         node = node.left
     return ast.literal_eval(node)
-isa = [lib[2] for lib in literal("ISA_LIBRARIES") if sys.argv[1] in lib[4]]
+file = os.path.normpath(sys.argv[1])
+isa = [lib[2] for lib in literal("ISA_LIBRARIES") if file in lib[4]]
+if not isa and file not in literal("BASE_SOURCES"):
+    sys.exit(f"ukernel_ab: setup.py builds no {file}")
 print(" ".join((isa[0] if isa else []) + literal("COMMON_CFLAGS") + literal("KERNEL_CFLAGS")))
 EOF
-)
+) || exit 2
 cc=${CC:-cc}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -199,7 +199,8 @@ typedef enum qk_woq_format {
  *     k = 1:  [q0|q16] [q1|q17] ... [q15|q31]
  *
  *   so one 16-byte row widens to 32 columns with a zero-extension, an AND
- *   (columns 0..15) and a shift (columns 16..31).
+ *   (columns 0..15; on AVX-512 a table lookup that reads the low bits)
+ *   and a shift (columns 16..31).
  *
  * Order of the sums (bit for bit; every int4 kernel of one compute, named
  * by its prefix, a "w" after its first part marking the same compute on

@@ -3,16 +3,19 @@ the working tree, side by side in one process. Run on the portable
 reference kernel (any x86-64 CPU), in a clone of this checkout so that
 its working tree can differ from the revision."""
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ("src/woq/f32-gemm-ref.c", "qk_woq_f32_gemm_ukernel_4x16c1__ref")
-ARGS = ["int8", "16", "1", "4", "33", "40", "f32", "bf16", "5"]
+# rows of x in the kernel's dtype (the reference converts none), y bfloat16
+ARGS = ["int8", "16", "1", "4", "33", "40", "bf16", "bf16", "5"]
 
 
 def _clone(tmp_path):
@@ -30,7 +33,8 @@ def _clone(tmp_path):
 
 def _run(clone):
     out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", *KERNEL, *ARGS], cwd=clone,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -54,3 +58,11 @@ def test_a_changed_kernel_is_reported_different(tmp_path):
     source.write_text(text.replace("float v = acc * scale[n0 + j];",
                                    "float v = acc + scale[n0 + j];"))
     assert "bits: DIFFERENT" in _run(clone)
+
+
+def test_a_file_setup_py_does_not_build_is_refused(tmp_path):
+    clone = _clone(tmp_path)
+    out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", "src/woq/absent.c",
+                          KERNEL[1], *ARGS], cwd=clone, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHON": sys.executable})
+    assert out.returncode == 2 and "setup.py builds no src/woq/absent.c" in out.stderr
