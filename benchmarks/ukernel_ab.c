@@ -27,6 +27,7 @@
 
 #include "qkern/fpenv.h"
 #include "qkern/woq.h"
+#include "scalar-convert.h"
 
 #ifdef AB_INT4
 #define AB_PARAMS                                                                             \
@@ -58,22 +59,6 @@ static qk_dtype dtype_of(const char* name) {
   fprintf(stderr, "ukernel_ab: dtype %s is not f32, f16 or bf16\n", name);
   exit(2);
 }
-
-/* v (a multiple of 1/64 below 2 in magnitude: exact in every dtype) in dt at p[i]. */
-static void put(void* p, size_t i, qk_dtype dt, float v) {
-  if (dt == QK_F32) {
-    ((float*)p)[i] = v;
-  } else if (dt == QK_F16) {
-    const _Float16 h = (_Float16)v;
-    memcpy((uint16_t*)p + i, &h, 2);
-  } else {
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    ((uint16_t*)p)[i] = (uint16_t)(bits >> 16);
-  }
-}
-
-static size_t esize(qk_dtype dt) { return dt == QK_F32 ? 4 : 2; }
 
 static void* buffer(size_t bytes) {
   void* p = aligned_alloc(64, (bytes + 64) / 64 * 64 + 64);
@@ -111,11 +96,13 @@ int main(int argc, char** argv) {
   }
   uint8_t* w = buffer(panels * kc * 16);
   for (size_t i = 0; i < panels * kc * 16; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
-  char* sz = buffer(kc / group * nc * 2 * esize(dt));
+  char* sz = buffer(kc / group * nc * 2 * qk_dtype_size(dt));
   for (size_t i = 0; i < kc / group * nc * 2; i++)
-    put(sz, i, dt, i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
-#define AB_CALL(FN, C) \
-  FN(mr, nc, kc, group, rows, dt, w, sz, nc * 2 * esize(dt), NULL, C, (ptrdiff_t)(nc * esize(dt)))
+    qk_store_from_f32(sz, i, dt,
+                      i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
+#define AB_CALL(FN, C)                                                        \
+  FN(mr, nc, kc, group, rows, dt, w, sz, nc * 2 * qk_dtype_size(dt), NULL, C, \
+     (ptrdiff_t)(nc * qk_dtype_size(dt)))
 #else
   if (argc < 9 || strcmp(argv[1], "int8")) {
     fprintf(stderr, "usage: %s int8 NR KR MR NC KC XDT DT [ROUNDS]\n", argv[0]);
@@ -130,21 +117,22 @@ int main(int argc, char** argv) {
     fprintf(stderr, "ukernel_ab: expected NR >= 1, 1 <= MR <= 32, NC, ROUNDS >= 1\n");
     return 2;
   }
-  char* x = buffer(mr * kc * esize(xdt));
+  char* x = buffer(mr * kc * qk_dtype_size(xdt));
   const void* rows[32];
   for (size_t i = 0; i < mr; i++) {
     for (size_t k = 0; k < kc; k++)
-      put(x, i * kc + k, xdt, (float)((int)((i * kc + k) * 7 % 13) - 6) / 8.0f);
-    rows[i] = x + i * kc * esize(xdt);
+      qk_store_from_f32(x, i * kc + k, xdt, (float)((int)((i * kc + k) * 7 % 13) - 6) / 8.0f);
+    rows[i] = x + i * kc * qk_dtype_size(xdt);
   }
   const size_t cols = (nc + nr - 1) / nr * nr, depth = kr ? (kc + kr - 1) / kr * kr : kc;
   int8_t* w = buffer(cols * depth);
   for (size_t i = 0; i < cols * depth; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
   float* scale = buffer((cols + 32) * 4);
   for (size_t n = 0; n < cols + 32; n++) scale[n] = (float)(1 + n % 5) / 64.0f;
-#define AB_CALL(FN, C) FN(mr, nc, kc, rows, dt, w, scale, NULL, C, (ptrdiff_t)(nc * esize(dt)))
+#define AB_CALL(FN, C) \
+  FN(mr, nc, kc, rows, dt, w, scale, NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
 #endif
-  char* c[2] = {buffer(mr * nc * esize(dt)), buffer(mr * nc * esize(dt))};
+  char* c[2] = {buffer(mr * nc * qk_dtype_size(dt)), buffer(mr * nc * qk_dtype_size(dt))};
   double* t[2] = {buffer(rounds * sizeof(double)), buffer(rounds * sizeof(double))};
   const qk_fpenv saved = qk_fpenv_enter();
   size_t calls = 1; /* per sample: about 100 microseconds of kernel */
@@ -172,7 +160,7 @@ int main(int argc, char** argv) {
   printf("b: min %.2f us  median %.2f us\n", 1e6 * t[1][0], 1e6 * t[1][mid]);
   printf("b / a: min %.3f  median %.3f  (%zu rounds of %zu calls each, alternating)\n",
          t[1][0] / t[0][0], t[1][mid] / t[0][mid], rounds, calls);
-  const int same = !memcmp(c[0], c[1], mr * nc * esize(dt));
+  const int same = !memcmp(c[0], c[1], mr * nc * qk_dtype_size(dt));
   printf("bits: %s\n", same ? "the same" : "DIFFERENT");
   return 0;
 }

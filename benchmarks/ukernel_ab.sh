@@ -58,6 +58,6 @@ git archive "$rev" include src | tar -x -C "$work"
 "$cc" $flags -w -Iinclude -I"$(dirname "$file")" "-D$symbol=qk_ab_b" -c "$file" -o "$work/b.o"
 objcopy --keep-global-symbol=qk_ab_a "$work/a.o"
 objcopy --keep-global-symbol=qk_ab_b "$work/b.o"
-"$cc" $flags $define -ffunction-sections -Wl,--gc-sections -Iinclude benchmarks/ukernel_ab.c \
-  src/woq/woq_pack.c "$work/a.o" "$work/b.o" -o "$work/ukernel_ab"
+"$cc" $flags $define -ffunction-sections -Wl,--gc-sections -Iinclude -Isrc/woq \
+  benchmarks/ukernel_ab.c src/woq/woq_pack.c "$work/a.o" "$work/b.o" -o "$work/ukernel_ab"
 "$work/ukernel_ab" "$@"

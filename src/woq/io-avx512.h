@@ -61,8 +61,9 @@ QK_INLINE size_t qk512_mask_span(__mmask16 mask) {
 
 /* Stores the lanes of v selected by mask at element n of a dtype-DT row. */
 QK_INLINE void qk512_store(char* row, size_t n, qk_dtype DT, __m512 v, __mmask16 mask) {
-  char* const at = row + (DT == QK_F32 ? 4 : 2) * n;
-  QK_ASAN_CHECK(at, (DT == QK_F32 ? 4 : 2) * qk512_mask_span(mask), 1);
+  const size_t esize = DT == QK_F32 ? 4 : 2;
+  char* const at = row + esize * n;
+  QK_ASAN_CHECK(at, esize * qk512_mask_span(mask), 1);
   switch (DT) {
     case QK_F32: _mm512_mask_storeu_ps(at, mask, v); break;
     case QK_F16:
