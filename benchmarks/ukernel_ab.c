@@ -17,7 +17,11 @@
  * zeros and y in DT.  Kernels on widened or dequantized panels, with their
  * own packing of x, or K-block kernels are not called here.  Operands fit
  * in L2 at the sizes this is meant for (K a few thousand, NC 128): the
- * kernel's own speed, without the memory system's noise.
+ * kernel's own speed, without the memory system's noise.  With AB_COPIES=C
+ * in the environment the weight (int4: with its scales and zeros) is held
+ * in C copies and each call reads the next: C copies of a weight larger
+ * than the last-level cache over C give the kernel cold weights, as a
+ * layer of a model meets them (e.g. NC = KC = 4096, C = 8 on a 32 MiB L3).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +64,22 @@ static qk_dtype dtype_of(const char* name) {
   exit(2);
 }
 
+/* AB_COPIES: how many copies of the weight the calls rotate through. */
+static size_t weight_copies(void) {
+  const char* v = getenv("AB_COPIES");
+  const size_t copies = v ? strtoul(v, NULL, 10) : 1;
+  if (!copies) {
+    fprintf(stderr, "ukernel_ab: AB_COPIES must be at least 1\n");
+    exit(2);
+  }
+  return copies;
+}
+
+/* Copies 1.. of the first of copies runs of bytes at p. */
+static void replicate(void* p, size_t bytes, size_t copies) {
+  for (size_t i = 1; i < copies; i++) memcpy((char*)p + i * bytes, p, bytes);
+}
+
 static void* buffer(size_t bytes) {
   void* p = aligned_alloc(64, (bytes + 64) / 64 * 64 + 64);
   if (!p) {
@@ -94,15 +114,19 @@ int main(int argc, char** argv) {
       for (size_t k = g * group; k < (g + 1) * group; k++) r[kc + g] += r[k];
     rows[i] = r;
   }
-  uint8_t* w = buffer(panels * kc * 16);
-  for (size_t i = 0; i < panels * kc * 16; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
-  char* sz = buffer(kc / group * nc * 2 * qk_dtype_size(dt));
+  const size_t copies = weight_copies(), w_bytes = panels * kc * 16;
+  const size_t sz_bytes = kc / group * nc * 2 * qk_dtype_size(dt);
+  uint8_t* w = buffer(copies * w_bytes);
+  for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
+  char* sz = buffer(copies * sz_bytes);
   for (size_t i = 0; i < kc / group * nc * 2; i++)
     qk_store_from_f32(sz, i, dt,
                       i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
-#define AB_CALL(FN, C)                                                        \
-  FN(mr, nc, kc, group, rows, dt, w, sz, nc * 2 * qk_dtype_size(dt), NULL, C, \
-     (ptrdiff_t)(nc * qk_dtype_size(dt)))
+  replicate(w, w_bytes, copies);
+  replicate(sz, sz_bytes, copies);
+#define AB_CALL(FN, C, COPY)                                                    \
+  FN(mr, nc, kc, group, rows, dt, w + (COPY) * w_bytes, sz + (COPY) * sz_bytes, \
+     nc * 2 * qk_dtype_size(dt), NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
 #else
   if (argc < 9 || strcmp(argv[1], "int8")) {
     fprintf(stderr, "usage: %s int8 NR KR MR NC KC XDT DT [ROUNDS]\n", argv[0]);
@@ -125,31 +149,34 @@ int main(int argc, char** argv) {
     rows[i] = x + i * kc * qk_dtype_size(xdt);
   }
   const size_t cols = (nc + nr - 1) / nr * nr, depth = kr ? (kc + kr - 1) / kr * kr : kc;
-  int8_t* w = buffer(cols * depth);
-  for (size_t i = 0; i < cols * depth; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
+  const size_t copies = weight_copies(), w_bytes = cols * depth;
+  int8_t* w = buffer(copies * w_bytes);
+  for (size_t i = 0; i < w_bytes; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
+  replicate(w, w_bytes, copies);
   float* scale = buffer((cols + 32) * 4);
   for (size_t n = 0; n < cols + 32; n++) scale[n] = (float)(1 + n % 5) / 64.0f;
-#define AB_CALL(FN, C) \
-  FN(mr, nc, kc, rows, dt, w, scale, NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
+#define AB_CALL(FN, C, COPY)                                     \
+  FN(mr, nc, kc, rows, dt, w + (COPY) * w_bytes, scale, NULL, C, \
+     (ptrdiff_t)(nc * qk_dtype_size(dt)))
 #endif
   char* c[2] = {buffer(mr * nc * qk_dtype_size(dt)), buffer(mr * nc * qk_dtype_size(dt))};
   double* t[2] = {buffer(rounds * sizeof(double)), buffer(rounds * sizeof(double))};
   const qk_fpenv saved = qk_fpenv_enter();
-  size_t calls = 1; /* per sample: about 100 microseconds of kernel */
+  size_t calls = 1, copy = 0; /* per sample: about 100 microseconds of kernel */
   for (;;) {
     const double t0 = thread_seconds();
-    for (size_t q = 0; q < calls; q++) AB_CALL(qk_ab_a, c[0]);
+    for (size_t q = 0; q < calls; q++, copy = (copy + 1) % copies) AB_CALL(qk_ab_a, c[0], copy);
     if (thread_seconds() - t0 > 1e-4 || calls >= (1u << 20)) break;
     calls *= 2;
   }
   for (size_t r = 0; r < rounds; r++)
     for (int v = 0; v < 2; v++) {
       const double t0 = thread_seconds();
-      for (size_t q = 0; q < calls; q++) {
+      for (size_t q = 0; q < calls; q++, copy = (copy + 1) % copies) {
         if (v)
-          AB_CALL(qk_ab_b, c[1]);
+          AB_CALL(qk_ab_b, c[1], copy);
         else
-          AB_CALL(qk_ab_a, c[0]);
+          AB_CALL(qk_ab_a, c[0], copy);
       }
       t[v][r] = (thread_seconds() - t0) / (double)calls;
     }
@@ -158,8 +185,9 @@ int main(int argc, char** argv) {
   const size_t mid = rounds / 2;
   printf("a: min %.2f us  median %.2f us\n", 1e6 * t[0][0], 1e6 * t[0][mid]);
   printf("b: min %.2f us  median %.2f us\n", 1e6 * t[1][0], 1e6 * t[1][mid]);
-  printf("b / a: min %.3f  median %.3f  (%zu rounds of %zu calls each, alternating)\n",
-         t[1][0] / t[0][0], t[1][mid] / t[0][mid], rounds, calls);
+  printf("b / a: min %.3f  median %.3f  (%zu rounds of %zu calls each, alternating, %zu %s)\n",
+         t[1][0] / t[0][0], t[1][mid] / t[0][mid], rounds, calls, copies,
+         copies == 1 ? "weight" : "weight copies in turn");
   const int same = !memcmp(c[0], c[1], mr * nc * qk_dtype_size(dt));
   printf("bits: %s\n", same ? "the same" : "DIFFERENT");
   return 0;

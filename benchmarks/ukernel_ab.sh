@@ -13,7 +13,9 @@
 # median per call, the ratio b / a and whether both wrote the same bits.
 # The CPU must run FILE's ISA; MR must not exceed the kernel's (the 8 of
 # ..._8x32c1__...), and XDT is the dtype the kernel reads x in (f32 where
-# the driver converts x for it, else DT).
+# the driver converts x for it, else DT).  AB_COPIES=C in the environment:
+# the calls read C copies of the weight in turn, cold weights when they
+# exceed the last-level cache (e.g. NC = KC = 4096, C = 8 on a 32 MiB L3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 9 ]; then

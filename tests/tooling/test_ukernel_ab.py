@@ -31,12 +31,15 @@ def _clone(tmp_path):
     return clone
 
 
-def _run(clone):
+def _run(clone, copies=None):
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("AB_COPIES", None)
+    if copies is not None:
+        env["AB_COPIES"] = copies
     out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", *KERNEL, *ARGS], cwd=clone,
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHON": sys.executable})
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert (out.returncode == 0) == (copies != "0"), out.stderr
+    return out.stdout if out.returncode == 0 else out.stderr
 
 
 def test_the_same_kernel_gives_the_same_bits_and_a_ratio(tmp_path):
@@ -46,6 +49,18 @@ def test_the_same_kernel_gives_the_same_bits_and_a_ratio(tmp_path):
     ratio = re.search(r"^b / a: min (\d+\.\d+)  median (\d+\.\d+)", report, re.M)
     assert ratio and all(float(r) > 0 for r in ratio.groups()), report
     assert "bits: the same" in report
+    assert "alternating, 1 weight)" in report
+
+
+def test_weight_copies_in_turn_give_the_same_bits(tmp_path):
+    """AB_COPIES: the calls rotate through copies of the weight (cold
+    weights when they exceed the last-level cache); zero copies is
+    refused."""
+    clone = _clone(tmp_path)
+    report = _run(clone, copies="3")
+    assert "alternating, 3 weight copies in turn)" in report
+    assert "bits: the same" in report
+    assert "AB_COPIES must be at least 1" in _run(clone, copies="0")
 
 
 def test_a_changed_kernel_is_reported_different(tmp_path):
