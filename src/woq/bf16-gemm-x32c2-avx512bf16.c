@@ -74,8 +74,7 @@ QK_INLINE void bf16_panels(const size_t MR, const size_t P, const size_t WB, siz
     for (size_t p = 0; p < P; p++)
 #pragma GCC unroll 2
       for (size_t line = 0; line < WB; line++)
-        _mm_prefetch((const char*)wp + p * panel_bytes + 64 * line + QK_PREFETCH_BYTES,
-                     _MM_HINT_T0);
+        qk_prefetch_stream(wp + p * panel_bytes + 64 * line, WB == 1 && MR == 1);
     bf16_step(MR, P, WB, acc, ar, wp, panel_bytes, 2 * kk, 1);
   }
   if (kc & 1) bf16_step(MR, P, WB, acc, ar, wp, panel_bytes, kc - 1, 0);
