@@ -122,13 +122,20 @@ AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
 # the FMA's rate.  AMD's: on a Zen 4 (family 25 model 17, 2 vCPUs, weights
 # cold, forced kernels side by side, min of 6 to 12) vdpbf16ps, at the
 # FMA's instruction rate with twice its multiply-adds, ran int8 4096 x 4096
-# M = 2 in 0.84 against 0.89 ms (one thread), M = 4 in 1.05 against 1.26
+# M = 3 in 1.11 against 1.23 ms (one thread), M = 4 in 1.05 against 1.26
 # and from M = 8 in 0.53-0.56 of the time (1.36 against 2.42 ms at 8,
-# 83.0 against 154.0 at 512); at M = 1, where both stream the weight, it
-# lost on 11008 x 4096 (1.10-1.16x in three runs, one and two threads) and
-# was even on 4096 x 4096 (0.98-1.06x); int4 (groups of 128) M = 1 in
-# 0.62 against 0.70 ms and from M = 4 in 0.47-0.51 of the time.
-AVX512_BF16_FROM_M = {"AuthenticAMD": {INT8: 2, INT4: 1}}
+# 83.0 against 154.0 at 512); at M = 1 and 2, where the FMA kernels stream
+# the weight with an L2 prefetch, it lost (M = 2: 1.08-1.30x, 4096 x 4096
+# and 11008 x 4096, one and two threads; M = 1 on 11008 x 4096 1.10-1.16x);
+# int4 (groups of 128) M = 1 in 0.62 against 0.70 ms and from M = 4 in
+# 0.47-0.51 of the time.
+AVX512_BF16_FROM_M = {"AuthenticAMD": {INT8: 3, INT4: 1}}
+
+# The same rule for the functional op's kernel on the unpacked int8 weight:
+# bf16_gemv_8x1c0__avx512bf16 from this many rows (at M = 1 the FMA GEMV
+# reads the weight as fast).  On the Zen 4 above, M = 2, one and two
+# threads, it took 0.90-0.96 of f32_gemv_8x1c0__avx512's time.
+AVX512_BF16_UNPACKED_FROM_M = {"AuthenticAMD": 2}
 
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
@@ -145,6 +152,7 @@ _FEATURES = _cpu.detect()
 # AVX512_BF16_FROM_M on it (empty: the static rule never takes that level).
 CPU_VENDOR = _cpu.vendor()
 AVX512_BF16_FROM_M_HERE = AVX512_BF16_FROM_M.get(CPU_VENDOR, {})
+AVX512_BF16_UNPACKED_FROM_M_HERE = AVX512_BF16_UNPACKED_FROM_M.get(CPU_VENDOR)
 
 
 def cpu_features() -> dict:
@@ -498,7 +506,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     highest available ISA that accepts ``dtype`` (and, when given, reads
     ``layout``; else a packed layout) wins, but for
     AVX-512-BF16 below ``AVX512_BF16_FROM_M_HERE`` rows (at every M but
-    on an AMD CPU: ``AVX512_BF16_FROM_M``), and on a CPU with AMX
+    on an AMD CPU: ``AVX512_BF16_FROM_M``; on the unpacked weight
+    ``AVX512_BF16_UNPACKED_FROM_M``), and on a CPU with AMX
     the AVX-512 level below ``AMX_FROM_M`` rows.  Within it, on the levels of
     ``WIDENED_ABOVE_ROW_BLOCKS``, a kernel on driver-widened panels when
     ``m`` needs more than that many of its row blocks (the widening is then
@@ -516,10 +525,11 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     name = dtype_name(dtype)
     bf16_from = AVX512_BF16_FROM_M_HERE.get(weight_format)
     bf16_ok = bf16_from is not None and m >= bf16_from
+    unpacked_from = AVX512_BF16_UNPACKED_FROM_M_HERE
     unpacked = [k for k in REGISTRY
                 if k.available and name in k.dtypes and k.weight_format == weight_format
                 and k.kind == "unpacked" and k.isa != "ref"
-                and (k.isa != "avx512_bf16" or bf16_ok)]
+                and (k.isa != "avx512_bf16" or (unpacked_from is not None and m >= unpacked_from))]
     if unpacked_ok and layout is None and unpacked:
         unpacked.sort(key=lambda k: ISA_LEVELS.index(k.isa), reverse=True)
         kern = unpacked[0]

@@ -147,6 +147,7 @@ def every_kernel(monkeypatch):
     monkeypatch.setattr(dispatch, "REGISTRY",
                         [dataclasses.replace(k, available=True) for k in dispatch.REGISTRY])
     monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE", {})
+    monkeypatch.setattr(dispatch, "AVX512_BF16_UNPACKED_FROM_M_HERE", None)
 
 
 def test_amx_kernels_from_their_m(every_kernel):
@@ -180,30 +181,35 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
     """With every kernel up to AVX-512-BF16 available (a CPU without AMX):
     on Intel's, bfloat16 runs the AVX-512 FMA kernels at every M (vdpbf16ps
     at half the FMA's rate there); on AMD's, the vdpbf16ps kernels from
-    AVX512_BF16_FROM_M (int8 2 rows, int4 1), the FMA below, and for int8
-    the kernel on widened panels above six of its 8-row blocks.  The tuner
-    times both levels either way (TUNED_WITH)."""
+    AVX512_BF16_FROM_M (int8 3 rows, int4 1), the FMA below, and for int8
+    the kernel on widened panels above six of its 8-row blocks; the
+    functional op's vdpbf16ps GEMV from AVX512_BF16_UNPACKED_FROM_M (2
+    rows).  The tuner times both levels either way (TUNED_WITH)."""
     _registry_up_to(monkeypatch, "avx512_bf16")
-    assert dispatch.AVX512_BF16_FROM_M == {"AuthenticAMD": {dispatch.INT8: 2, dispatch.INT4: 1}}
+    assert dispatch.AVX512_BF16_FROM_M == {"AuthenticAMD": {dispatch.INT8: 3, dispatch.INT4: 1}}
     assert dispatch.WIDENED_ABOVE_ROW_BLOCKS["avx512_bf16"] == {dispatch.INT8: 6}
+    assert dispatch.AVX512_BF16_UNPACKED_FROM_M == {"AuthenticAMD": 2}
     monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
                         dispatch.AVX512_BF16_FROM_M.get(vendor, {}))
+    monkeypatch.setattr(dispatch, "AVX512_BF16_UNPACKED_FROM_M_HERE",
+                        dispatch.AVX512_BF16_UNPACKED_FROM_M.get(vendor))
     assert qkern.tuning.TUNED_WITH["avx512_bf16"] == ("avx512",)
-    for fmt, from_m in ((dispatch.INT8, 2), (dispatch.INT4, 1)):
+    for fmt, from_m in ((dispatch.INT8, 3), (dispatch.INT4, 1)):
         assert dispatch.top_level(ml_dtypes.bfloat16, weight_format=fmt) == "avx512_bf16"
-        for m in (1, 2, 8, 9, 64, 1000):
+        for m in (1, 2, 3, 8, 9, 64, 1000):
             want = "avx512_bf16" if vendor == "AuthenticAMD" and m >= from_m else "avx512"
             assert dispatch.choose_kernel(ml_dtypes.bfloat16, m, weight_format=fmt).isa == (
                 want), (fmt, m)
         for dtype in (np.float32, np.float16):
             assert dispatch.choose_kernel(dtype, 64, weight_format=fmt).isa == "avx512"
-    for m in (1, 2, 24, 25):  # the functional op's GEMV, up to 3 calls of it
+    for m in (1, 2, 3, 24, 25):  # the functional op's GEMV, up to 3 calls of it
         kern = dispatch.choose_kernel(ml_dtypes.bfloat16, m, unpacked_ok=True)
         gemv = ("bf16_gemv_8x1c0__avx512bf16" if vendor == "AuthenticAMD" and m >= 2
                 else "f32_gemv_8x1c0__avx512")
         assert (kern.name == gemv if m <= 24 else kern.kind != "unpacked"), (m, kern.name)
     if vendor == "AuthenticAMD":
-        for m, want in ((2, "bf16_gemm_8x32c2__avx512bf16"), (48, "bf16_gemm_8x32c2__avx512bf16"),
+        for m, want in ((2, "f32_gemm_4x32c2__avx512"), (3, "bf16_gemm_8x32c2__avx512bf16"),
+                        (48, "bf16_gemm_8x32c2__avx512bf16"),
                         (49, "bf16w_gemm_8x32c2__avx512bf16"),
                         (1000, "bf16w_gemm_8x32c2__avx512bf16")):
             assert dispatch.choose_kernel(ml_dtypes.bfloat16, m).name == want, m
@@ -225,6 +231,8 @@ def test_cpu_vendor_is_cpuids_and_sets_the_levels_passed_over():
         pytest.skip("no vendor_id in /proc/cpuinfo to compare with")
     assert dispatch.CPU_VENDOR == reported
     assert dispatch.AVX512_BF16_FROM_M_HERE == dispatch.AVX512_BF16_FROM_M.get(reported, {})
+    assert dispatch.AVX512_BF16_UNPACKED_FROM_M_HERE == (
+        dispatch.AVX512_BF16_UNPACKED_FROM_M.get(reported))
     info = _python("import qkern.__main__ as m; print(m.info())").stdout
     assert f"CPU vendor: {reported}" in info
 
@@ -349,8 +357,8 @@ def test_unpacked_kernel_only_where_packing_would_dominate():
         name = np.dtype(dtype).name
         # A layer packs once, so it never gets the unpacked layout.
         assert dispatch.choose_kernel(dtype, 1).kind != "unpacked"
-        bf16_from = dispatch.AVX512_BF16_FROM_M_HERE.get(dispatch.INT8)
-        for m in (1, 2, 4, 8, 9, 16, 17, 32, 33, 64, 129):
+        bf16_from = dispatch.AVX512_BF16_UNPACKED_FROM_M_HERE
+        for m in (1, 2, 3, 4, 8, 9, 16, 17, 32, 33, 64, 129):
             kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
             # the highest level's (AVX-512-BF16's where the static rule
             # takes that level), but on AMX the next level's for few rows
