@@ -19,7 +19,9 @@
  * in L2 at the sizes this is meant for (K a few thousand, NC 128): the
  * kernel's own speed, without the memory system's noise.  With AB_COPIES=C
  * in the environment the weight (int4: with its scales and zeros) is held
- * in C copies and each call reads the next: C copies of a weight larger
+ * in C copies (1 to 4096, each at the same offset in its pages) and each
+ * call reads the next; a sample is a whole number of passes over the
+ * copies, in the same order for both kernels.  C copies of a weight larger
  * than the last-level cache over C give the kernel cold weights, as a
  * layer of a model meets them (e.g. NC = KC = 4096, C = 8 on a 32 MiB L3).
  */
@@ -64,20 +66,34 @@ static qk_dtype dtype_of(const char* name) {
   exit(2);
 }
 
-/* AB_COPIES: how many copies of the weight the calls rotate through. */
+/* AB_COPIES: how many copies of the weight the calls rotate through (1 to
+ * 4096). */
 static size_t weight_copies(void) {
   const char* v = getenv("AB_COPIES");
-  const size_t copies = v ? strtoul(v, NULL, 10) : 1;
-  if (!copies) {
-    fprintf(stderr, "ukernel_ab: AB_COPIES must be at least 1\n");
+  if (!v) return 1;
+  char* end = NULL;
+  const unsigned long copies = v[0] >= '0' && v[0] <= '9' ? strtoul(v, &end, 10) : 0;
+  if (!end || *end || copies < 1 || copies > 4096) {
+    fprintf(stderr, "ukernel_ab: AB_COPIES must be at least 1 and at most 4096\n");
     exit(2);
   }
   return copies;
 }
 
-/* Copies 1.. of the first of copies runs of bytes at p. */
-static void replicate(void* p, size_t bytes, size_t copies) {
-  for (size_t i = 1; i < copies; i++) memcpy((char*)p + i * bytes, p, bytes);
+/* The distance between copies of bytes: whole 4 KiB pages, so that every
+ * copy sits at the same offset in its pages. */
+static size_t copy_stride(size_t bytes, size_t copies) {
+  const size_t stride = (bytes + 4095) / 4096 * 4096;
+  if (stride < bytes || stride > (SIZE_MAX / 2) / copies) {
+    fprintf(stderr, "ukernel_ab: %zu copies of %zu bytes do not fit in memory\n", copies, bytes);
+    exit(2);
+  }
+  return stride;
+}
+
+/* Copies 1.. of the first bytes at p, stride bytes apart. */
+static void replicate(void* p, size_t bytes, size_t stride, size_t copies) {
+  for (size_t i = 1; i < copies; i++) memcpy((char*)p + i * stride, p, bytes);
 }
 
 static void* buffer(size_t bytes) {
@@ -116,16 +132,17 @@ int main(int argc, char** argv) {
   }
   const size_t copies = weight_copies(), w_bytes = panels * kc * 16;
   const size_t sz_bytes = kc / group * nc * 2 * qk_dtype_size(dt);
-  uint8_t* w = buffer(copies * w_bytes);
+  const size_t w_stride = copy_stride(w_bytes, copies), sz_copy = copy_stride(sz_bytes, copies);
+  uint8_t* w = buffer(copies * w_stride);
   for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
-  char* sz = buffer(copies * sz_bytes);
+  char* sz = buffer(copies * sz_copy);
   for (size_t i = 0; i < kc / group * nc * 2; i++)
     qk_store_from_f32(sz, i, dt,
                       i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
-  replicate(w, w_bytes, copies);
-  replicate(sz, sz_bytes, copies);
+  replicate(w, w_bytes, w_stride, copies);
+  replicate(sz, sz_bytes, sz_copy, copies);
 #define AB_CALL(FN, C, COPY)                                                    \
-  FN(mr, nc, kc, group, rows, dt, w + (COPY) * w_bytes, sz + (COPY) * sz_bytes, \
+  FN(mr, nc, kc, group, rows, dt, w + (COPY) * w_stride, sz + (COPY) * sz_copy, \
      nc * 2 * qk_dtype_size(dt), NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
 #else
   if (argc < 9 || strcmp(argv[1], "int8")) {
@@ -150,29 +167,31 @@ int main(int argc, char** argv) {
   }
   const size_t cols = (nc + nr - 1) / nr * nr, depth = kr ? (kc + kr - 1) / kr * kr : kc;
   const size_t copies = weight_copies(), w_bytes = cols * depth;
-  int8_t* w = buffer(copies * w_bytes);
+  const size_t w_stride = copy_stride(w_bytes, copies);
+  int8_t* w = buffer(copies * w_stride);
   for (size_t i = 0; i < w_bytes; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
-  replicate(w, w_bytes, copies);
+  replicate(w, w_bytes, w_stride, copies);
   float* scale = buffer((cols + 32) * 4);
   for (size_t n = 0; n < cols + 32; n++) scale[n] = (float)(1 + n % 5) / 64.0f;
-#define AB_CALL(FN, C, COPY)                                     \
-  FN(mr, nc, kc, rows, dt, w + (COPY) * w_bytes, scale, NULL, C, \
+#define AB_CALL(FN, C, COPY)                                      \
+  FN(mr, nc, kc, rows, dt, w + (COPY) * w_stride, scale, NULL, C, \
      (ptrdiff_t)(nc * qk_dtype_size(dt)))
 #endif
   char* c[2] = {buffer(mr * nc * qk_dtype_size(dt)), buffer(mr * nc * qk_dtype_size(dt))};
   double* t[2] = {buffer(rounds * sizeof(double)), buffer(rounds * sizeof(double))};
   const qk_fpenv saved = qk_fpenv_enter();
-  size_t calls = 1, copy = 0; /* per sample: about 100 microseconds of kernel */
+  size_t calls = 1; /* per sample: about 100 microseconds of kernel */
   for (;;) {
     const double t0 = thread_seconds();
-    for (size_t q = 0; q < calls; q++, copy = (copy + 1) % copies) AB_CALL(qk_ab_a, c[0], copy);
+    for (size_t q = 0; q < calls; q++) AB_CALL(qk_ab_a, c[0], q % copies);
     if (thread_seconds() - t0 > 1e-4 || calls >= (1u << 20)) break;
     calls *= 2;
   }
+  calls = (calls + copies - 1) / copies * copies; /* each sample reads every copy once or more */
   for (size_t r = 0; r < rounds; r++)
     for (int v = 0; v < 2; v++) {
       const double t0 = thread_seconds();
-      for (size_t q = 0; q < calls; q++, copy = (copy + 1) % copies) {
+      for (size_t q = 0, copy = 0; q < calls; q++, copy = (copy + 1) % copies) {
         if (v)
           AB_CALL(qk_ab_b, c[1], copy);
         else

@@ -120,9 +120,10 @@ AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
 # Xeon (as above, one thread: int8 1.12x at M = 1, 1.3-1.8x at M = 2-16;
 # int4 1.18x at M = 1, 1.3-1.75x at M = 2-16), where vdpbf16ps runs at half
 # the FMA's rate.  AMD's: on a Zen 4 (family 25 model 17, 2 vCPUs, weights
-# cold, forced kernels side by side, min of 6 to 12) vdpbf16ps, at the
-# FMA's instruction rate with twice its multiply-adds, ran int8 4096 x 4096
-# M = 3 in 1.11 against 1.23 ms (one thread), M = 4 in 1.05 against 1.26
+# cold, forced kernels side by side, min of 6 to 12, medians of 16 for
+# M = 2-3) vdpbf16ps, at the FMA's instruction rate with twice its
+# multiply-adds, ran int8 4096 x 4096 M = 3 in 1.11 against 1.23 ms (one
+# thread; a later run than the others here), M = 4 in 1.05 against 1.26
 # and from M = 8 in 0.53-0.56 of the time (1.36 against 2.42 ms at 8,
 # 83.0 against 154.0 at 512); at M = 1 and 2, where the FMA kernels stream
 # the weight with an L2 prefetch, it lost (M = 2: 1.08-1.30x, 4096 x 4096
@@ -149,7 +150,8 @@ _ISA_REQUIRES = {
 _FEATURES = _cpu.detect()
 
 # The CPU's vendor as cpuid spells it ("GenuineIntel", "AuthenticAMD"), and
-# AVX512_BF16_FROM_M on it (empty: the static rule never takes that level).
+# AVX512_BF16_FROM_M and AVX512_BF16_UNPACKED_FROM_M on it (empty / None:
+# the static rule never takes that level).
 CPU_VENDOR = _cpu.vendor()
 AVX512_BF16_FROM_M_HERE = AVX512_BF16_FROM_M.get(CPU_VENDOR, {})
 AVX512_BF16_UNPACKED_FROM_M_HERE = AVX512_BF16_UNPACKED_FROM_M.get(CPU_VENDOR)

@@ -18,7 +18,7 @@
  * none in f32w).  The body is specialised for each mr (no FMA is spent on
  * a missing row).  One row runs four panels at once: with cold weights its
  * single stream left DRAM idle between misses (four streams and the L2
- * prefetch of qk_prefetch_stream, 4096 x 4096, one thread on a Zen 4: 0.69-0.71
+ * prefetch of qk_prefetch_stream, 4096 x 4096, one thread on a Zen 4: 0.69-0.78
  * of the time of one panel at a time with the L1 prefetch alone).  Every
  * kernel here sums each column in the same order, so all of them give a
  * row the same bits whatever the panels beside it.

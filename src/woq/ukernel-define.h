@@ -25,9 +25,9 @@
  * late for DRAM when little arithmetic hides the wait.  Measured on a Zen
  * 4, 4096 x 4096, cold weights, one thread: the AVX-512 kernels took
  * 0.82-0.84 of their time at M = 1 (f32 1x32c2, bf16 1x32c2) and f32
- * 0.84-0.92 at M = 2 (bf16 0.97); with more rows the extra prefetch costs
- * as much as it hides or more (f32 0.97 at 4 rows, 1.06 at 6; bf16 1.17 at
- * 4), so those kernels leave it out. */
+ * 0.84-0.92 at M = 2 (bf16 0.97, within noise: left out); with more rows
+ * the extra prefetch gains nothing or costs (f32 0.97-1.07 at 4 rows, 1.06
+ * at 6; bf16 1.03-1.22 at 4), so those kernels leave it out. */
 #define QK_L2_PREFETCH_BYTES (16 * 1024)
 
 /* The prefetches of a kernel streaming packed weights, for the line at p:
