@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "sanitize.h"
+#include "scalar-convert.h"
 #include "ukernel-define.h"
 
 /* Keeps vector v in a register: GCC would fold a load that several FMAs
@@ -61,7 +62,7 @@ QK_INLINE size_t qk512_mask_span(__mmask16 mask) {
 
 /* Stores the lanes of v selected by mask at element n of a dtype-DT row. */
 QK_INLINE void qk512_store(char* row, size_t n, qk_dtype DT, __m512 v, __mmask16 mask) {
-  const size_t esize = DT == QK_F32 ? 4 : 2;
+  const size_t esize = qk_dtype_size(DT);
   char* const at = row + esize * n;
   QK_ASAN_CHECK(at, esize * qk512_mask_span(mask), 1);
   switch (DT) {
