@@ -40,19 +40,20 @@ DEQUANTIZED_IN_STATIC_RULE = ("avx2", "avx512")
 # How many calls of the highest level's kernel on the unpacked weight
 # (layout (1, 0)) the functional op makes before it packs the weight
 # instead.  Packing costs a full read and write of the weight.  On an AVX2
-# Zen 3 (4096 x 4096, float32, median, side by side) f32_gemv_4x1c0__avx2
-# runs within 1.1-1.2x of WoqLinear's packed kernels up to M = 32 (14.5 ms
-# at M = 32 on one thread), where packing per call costs 7.5 ms more and
-# the call 21.9 ms.  On the AMX Xeon (same problem, one thread, weights
-# cold, median) f32_gemv_8x1c0__avx512 took 2.9 ms at M = 8 and 5.8 ms at
-# M = 16 against 8.4 and 9.0 ms for packing and the AMX kernel, and lost
-# at M = 32 (11.4 against 10.1 ms, bfloat16; float32 13.5 against 12.9).
-# On AMX, bf16_gemv_32x1c0__amx takes up to 32 rows a call at about the
-# cost of one (it widens every weight to bfloat16 once a call): on the AMX
-# Xeon (same problem) 1.9-2.3 ms at M = 8-32, 7.7 ms at M = 128 against
-# 13.8 ms for packing and the AMX kernel (bfloat16; float32 18.8 against
-# 21.0).
-UNPACKED_CALLS = {"avx2": 8, "avx512": 3, "avx512_bf16": 3, "amx": 4}
+# Zen 3 (4096 x 4096, float32, median, side by side) the AVX2 GEMV, then
+# four rows a call, ran within 1.1-1.2x of WoqLinear's packed kernels up to
+# M = 32 (14.5 ms at M = 32 on one thread), where packing per call costs
+# 7.5 ms more and the call 21.9 ms; f32_gemv_8x1c0__avx2 takes eight rows a
+# call, so four of its calls keep M = 32.  On the AMX Xeon (same problem,
+# one thread, weights cold, median) f32_gemv_8x1c0__avx512 took 2.9 ms at
+# M = 8 and 5.8 ms at M = 16 against 8.4 and 9.0 ms for packing and the AMX
+# kernel, and lost at M = 32 (11.4 against 10.1 ms, bfloat16; float32 13.5
+# against 12.9). On AMX, bf16_gemv_32x1c0__amx takes up to 32 rows a call at
+# about the cost of one (it widens every weight to bfloat16 once a call): on
+# the AMX Xeon (same problem) 1.9-2.3 ms at M = 8-32, 7.7 ms at M = 128
+# against 13.8 ms for packing and the AMX kernel (bfloat16; float32 18.8
+# against 21.0).
+UNPACKED_CALLS = {"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4}
 
 # On a CPU with AMX, the M from which the functional op takes the AMX
 # kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
@@ -502,7 +503,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``;
     on a CPU with AMX, the AVX-512 level's below ``AMX_UNPACKED_FROM_M``
     rows) wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (four on
-    AMX, three on AVX-512, eight on AVX2): packing costs a full read and
+    AMX, three on AVX-512, four on AVX2): packing costs a full read and
     write of the weight, more than those passes of that kernel over it.
     Otherwise the
     highest available ISA that accepts ``dtype`` (and, when given, reads

@@ -259,7 +259,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     For a few rows (``M`` up to ``qkern.dispatch.UNPACKED_CALLS`` times the
     MR of the highest level's unpacked-weight SIMD kernel: 24 for
     ``f32_gemv_8x1c0__avx512`` and ``bf16_gemv_8x1c0__avx512bf16``, 32 for
-    ``f32_gemv_4x1c0__avx2``) the weight
+    ``f32_gemv_8x1c0__avx2``) the weight
     is read as it is;
     otherwise it is packed on every call. :class:`WoqLinear` packs it
     once.

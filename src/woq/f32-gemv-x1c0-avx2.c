@@ -1,23 +1,25 @@
 /*
- * f32-gemv-x1c0-avx2.c -- WoQ GEMV micro-kernel 4x1c0 on the *unpacked*
+ * f32-gemv-x1c0-avx2.c -- WoQ GEMV micro-kernel 8x1c0 on the *unpacked*
  * weight, AVX2 + FMA + F16C.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, unpacked.
  * x in f32 (the driver converts f16 and bf16 rows once per row block:
- * convert_x).  For each of up to 4 rows of x and C columns at a
- * time (C = 4 for 1-2 rows, 3 for 3-4: at most 12 sums in the 16 ymm
- * registers, and each row of x, which no longer fits L1 at 3-4 rows, read
- * once per C columns), 8-wide fp32 FMA partial sums along k (int8 widened
- * in-register, each x vector loaded once a step and shared by the
- * columns), a
- * horizontal sum at the end (lanes 0..7 added pairwise, in one fixed
- * order), then scale (multiply), bias (add) and one rounding to the output
- * dtype.  The K tail (K mod 8) goes through zero-padded copies: nothing is
- * read past a row of x or w.  Each of the C rows of w is prefetched into L2
+ * convert_x).  For each of up to 6 rows of x and C columns at a time
+ * (C = 4 for 1-2 rows, 3 for 3-4, 2 for 5-6: at most 12 sums in the 16
+ * ymm registers, and each row of x, which no longer fits L1 from 3 rows,
+ * read once per C columns), 8-wide fp32 FMA partial sums along k (int8
+ * widened in-register, each x vector loaded once a step and shared by the
+ * columns), a horizontal sum at the end (lanes 0..7 added pairwise, in one
+ * fixed order), then scale (multiply), bias (add) and one rounding to the
+ * output dtype.  7-8 rows run as 4 rows, then the rest: with fewer columns
+ * a step, the rows of x would stream from L2 at a vector per FMA.  The
+ * K tail (K mod 8) goes through zero-padded copies: nothing is read past a
+ * row of x or w.  Each of the C rows of w is prefetched into L2
  * QK_GEMV_L2_PREFETCH_BYTES ahead and into L1 two groups of C rows ahead.
- * The body is specialised for each mr (1..4), so fewer rows cost fewer
- * FMAs.
+ * The body is specialised for each mr (1..8), so fewer rows cost fewer
+ * FMAs; the columns per step change no sum, so every mr gives a row the
+ * same bits.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -37,14 +39,14 @@ QK_INLINE float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* R (= mr) rows times C columns from n0: sums over whole steps of 8 k,
+/* R (<= 6) rows times C columns from n0: sums over whole steps of 8 k,
  * then the tail through zero-padded copies of the last K mod 8 values. */
 QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size_t n0, size_t nc,
                          size_t kc, const float* const* ar, const int8_t* w, const float* scale,
                          const float* bias, void* c, ptrdiff_t c_stride) {
   const int8_t* wr[4];
   for (size_t j = 0; j < C; j++) wr[j] = w + (n0 + j < nc ? n0 + j : nc - 1) * kc;
-  __m256 acc[4][4];
+  __m256 acc[6][4];
   for (size_t i = 0; i < R; i++)
     for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
   const size_t k_whole = kc / 8 * 8;
@@ -64,7 +66,7 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
   if (k_whole < kc) {
     const size_t left = kc - k_whole;
     int8_t wt[4][8] = {{0}};
-    float xt[4][8] = {{0}};
+    float xt[6][8] = {{0}};
     for (size_t j = 0; j < C; j++) memcpy(wt[j], wr[j] + k_whole, left);
     for (size_t i = 0; i < R; i++) memcpy(xt[i], ar[i] + k_whole, left * sizeof(float));
     for (size_t i = 0; i < R; i++) {
@@ -74,8 +76,8 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
   }
   /* The sums leave their registers through constant indices only (GCC
    * otherwise keeps them on the stack through the k loop). */
-  float sums[4][4];
-#pragma GCC unroll 4
+  float sums[6][4];
+#pragma GCC unroll 6
   for (size_t i = 0; i < R; i++)
 #pragma GCC unroll 4
     for (size_t j = 0; j < C; j++) sums[i][j] = hsum(acc[i][j]);
@@ -89,14 +91,26 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
   }
 }
 
-QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc,
-                         const void* const* a, const int8_t* w, const float* scale,
-                         const float* bias, void* c, ptrdiff_t c_stride) {
-  const size_t C = R <= 2 ? 4 : 3;
-  const float* ar[4];
-  for (size_t i = 0; i < R; i++) ar[i] = (const float*)a[i];
+/* R (<= 6) rows over all nc columns, C at a time. */
+QK_INLINE void gemv_tiles(const size_t R, const qk_dtype DT, size_t nc, size_t kc,
+                          const float* const* ar, const int8_t* w, const float* scale,
+                          const float* bias, void* c, ptrdiff_t c_stride) {
+  const size_t C = R <= 2 ? 4 : R <= 4 ? 3 : 2;
   for (size_t n0 = 0; n0 < nc; n0 += C)
     gemv_tile(R, C, DT, n0, nc, kc, ar, w, scale, bias, c, c_stride);
 }
 
-QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemv_ukernel_4x1c0__avx2, gemv_rows, 4)
+QK_INLINE void gemv_rows(const size_t R, const qk_dtype DT, size_t nc, size_t kc,
+                         const void* const* a, const int8_t* w, const float* scale,
+                         const float* bias, void* c, ptrdiff_t c_stride) {
+  const float* ar[8];
+  for (size_t i = 0; i < R; i++) ar[i] = (const float*)a[i];
+  if (R <= 6) {
+    gemv_tiles(R, DT, nc, kc, ar, w, scale, bias, c, c_stride);
+  } else {
+    gemv_tiles(4, DT, nc, kc, ar, w, scale, bias, c, c_stride);
+    gemv_tiles(R - 4, DT, nc, kc, ar + 4, w, scale, bias, (char*)c + 4 * c_stride, c_stride);
+  }
+}
+
+QK_DEFINE_UKERNEL_ROWS(qk_woq_f32_gemv_ukernel_8x1c0__avx2, gemv_rows, 8)
