@@ -37,6 +37,7 @@
  * Every thread runs its share under the floating-point environment of
  * qkern/fpenv.h, whatever its caller set.
  */
+#include <stdint.h>
 #include <stdlib.h>
 
 /* The most panels a kernel on packed panels runs one row over at once. */
@@ -92,7 +93,8 @@ typedef struct plan {
   const char* sz;
   int sums_groups;   /* int4 kernels that read the group sums of x (all but a
                         dequantizing one) */
-  size_t row_floats; /* floats per converted row of x: k (+ its group sums) */
+  size_t row_floats; /* floats from one converted row of x to the next: k (+ its
+                        group sums), rounded up to a 64-byte line */
   float* xs;         /* int4 K-block kernels: the group sums of the packed
                         row block, k / group_size per row */
   char* y;
@@ -226,6 +228,13 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
   }
 }
 
+/* Whether rows 0 .. m-1 of x all start on a 64-byte line. */
+static int x_rows_aligned(const char* x, int64_t x_stride, const int64_t* x_offsets, size_t m) {
+  for (size_t r = 0; r < m; r++)
+    if ((uintptr_t)x_row(x, x_stride, x_offsets, r) % 64 != 0) return 0;
+  return 1;
+}
+
 /* Whether blocking b follows the rules of qkern/woq.h for a kernel of
  * this kind (kblock: a K-block kernel; packs_x: one with pack_x). */
 static int blocking_valid(const qk_woq_blocking* b, int kblock, int packs_x) {
@@ -314,8 +323,14 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
    * an int4 K-block kernel one row, whose group sums go to xs (a row
    * block's, shared) */
   p->sums_groups = p->group_size && !kern->dequantize;
-  const int converting = kern->convert_x && (dt != QK_F32 || p->sums_groups);
-  p->row_floats = k + (p->sums_groups ? k / p->group_size : 0);
+  /* A GEMV loads vectors of each row of x again for every few columns: f32
+   * rows off a 64-byte line are copied, so that no load splits a line
+   * (AVX2, 5-6 rows at 16 bytes off a line: 1.35-1.39x the time). */
+  const int converting =
+      kern->convert_x &&
+      (dt != QK_F32 || p->sums_groups ||
+       (kern->kind == QK_WOQ_UNPACKED && !x_rows_aligned(x, x_stride, x_offsets, m)));
+  p->row_floats = (k + (p->sums_groups ? k / p->group_size : 0) + 15) / 16 * 16;
   const size_t xf_rows = kblock ? 1 : m < mc ? m : mc;
   size_t xf_stride = 0;
   if (converting && __builtin_mul_overflow(xf_rows, p->row_floats * sizeof(float), &xf_stride))

@@ -97,9 +97,14 @@ def test_kernel_k_zero(kern):
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_strided_x(kern):
     """Rows one stride apart, rows through an offset table, and a copied x,
-    each into a poisoned out (rows forward, or reversed: a negative stride)."""
-    rng = np.random.default_rng(2)
-    dtype = np.dtype(kern.dtypes[-1])
+    each into a poisoned out (rows forward, or reversed: a negative stride),
+    in every dtype the kernel takes (float32 rows off a 64-byte line take
+    the GEMVs' copy)."""
+    for dtype in map(np.dtype, kern.dtypes):
+        _check_strided_x(kern, dtype, np.random.default_rng(2))
+
+
+def _check_strided_x(kern, dtype, rng):
     m, n, k = 2 * kern.mr + 1, kern.nr + 3, 2 * kern.kr + 37
     x, w, s, b = _data(rng, m, n, k, dtype)
     layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
