@@ -286,14 +286,19 @@ void qk_woq_int4_pack(const uint8_t* q, size_t ldq, size_t n, size_t k, uint8_t*
 /* The inverse of qk_woq_int4_pack(): q gets values 0..15. */
 void qk_woq_int4_unpack(const uint8_t* packed, size_t n, size_t k, uint8_t* q, size_t ldq);
 
-/* Numerical traits, bits of qk_woq_kernel.traits (docs/semantics.rst). */
+/* Traits, bits of qk_woq_kernel.traits: the numerical ones
+ * (docs/semantics.rst), then how x reaches the kernel. */
 enum {
   /* Products summed by vdpbf16ps or tdpbf16ps, which treat subnormal bf16
    * inputs as zero and flush subnormal sums, whatever MXCSR says. */
   QK_TRAIT_FLUSHES_SUBNORMALS = 1u << 0,
   /* float16 / float32 x reaches the kernel as 2 / 3 bf16 planes whose sum
    * is exact (packed x), one product per plane. */
-  QK_TRAIT_SPLITS_X = 1u << 1
+  QK_TRAIT_SPLITS_X = 1u << 1,
+  /* The kernel loads vectors of each row of x again and again (a GEMV):
+   * the driver hands it rows that start on a 64-byte line, copying (or
+   * converting) those that do not, so that no load splits a line. */
+  QK_TRAIT_LINE_ALIGNED_X = 1u << 2
 };
 
 /*

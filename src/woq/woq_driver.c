@@ -39,6 +39,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The most panels a kernel on packed panels runs one row over at once. */
 #define ROW_PANELS_AT_ONCE 4
@@ -91,12 +92,12 @@ typedef struct plan {
   /* int4 groupwise: k per group, scales_and_zeros (bytes per group) */
   size_t group_size, sz_stride;
   const char* sz;
-  int sums_groups;   /* int4 kernels that read the group sums of x (all but a
-                        dequantizing one) */
-  size_t row_floats; /* floats from one converted row of x to the next: k (+ its
-                        group sums), rounded up to a 64-byte line */
-  float* xs;         /* int4 K-block kernels: the group sums of the packed
-                        row block, k / group_size per row */
+  int sums_groups;  /* int4 kernels that read the group sums of x (all but a
+                       dequantizing one) */
+  size_t row_bytes; /* from one of a thread's rows of x (x_rows) to the next: k
+                       values (+ their group sums), rounded up to a 64-byte line */
+  float* xs;        /* int4 K-block kernels: the group sums of the packed
+                       row block, k / group_size per row */
   char* y;
   int64_t y_stride;
 } plan;
@@ -124,14 +125,16 @@ static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* 
   return p->packed + nb * p->panels_per_chunk * p->panel_bytes;
 }
 
-/* A thread's rows of x converted to f32 (kernels with convert_x, x not
- * f32, or int4 kernels that sum groups): rows first .. first + count - 1,
- * row_floats each (k values, then such a kernel's group sums), converted
- * when a task needs rows it does not hold. */
-typedef struct x_rows_f32 {
-  float* data;
+/* A thread's rows of x as its kernel reads them: converted to f32 by the
+ * kernel's convert_x (x not f32, or an int4 kernel that sums groups), or,
+ * for a kernel with QK_TRAIT_LINE_ALIGNED_X given rows off a 64-byte
+ * line, converted or copied as they are onto lines: rows first .. first +
+ * count - 1, row_bytes apart (k values, then such a kernel's group sums
+ * in f32), converted when a task needs rows it does not hold. */
+typedef struct x_rows {
+  char* data;
   size_t first, count;
-} x_rows_f32;
+} x_rows;
 
 /* Row r of x: at x + x_offsets[r], or x + r * x_stride without offsets. */
 static const char* x_row(const char* x, int64_t x_stride, const int64_t* x_offsets, size_t r) {
@@ -140,12 +143,12 @@ static const char* x_row(const char* x, int64_t x_stride, const int64_t* x_offse
 
 /* Rows m0 .. m_end-1 times chunk nb of the panels; wide: NULL, or the
  * thread's buffer of widened panels, which holds chunk *wide_chunk (widened
- * here first if it holds another); xf: NULL, or the thread's f32 rows
+ * here first if it holds another); xf: NULL, or the thread's rows of x
  * (converted here first if it holds others).  For a kernel with pack_x
  * (packed x^T), x is the packed row block, from row m0. */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
                      int64_t x_stride, const int64_t* x_offsets, char* wide, size_t* wide_chunk,
-                     x_rows_f32* xf) {
+                     x_rows* xf) {
   size_t n0, nc;
   const int8_t* w = chunk_panels(p, nb, &n0, &nc);
   if (wide) {
@@ -161,9 +164,15 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
   }
   if (xf && (xf->first != m0 || xf->count != m_end - m0)) {
     for (size_t r = m0; r < m_end; r++) {
-      float* row = xf->data + (r - m0) * p->row_floats;
-      p->kern->convert_x(x_row(x, x_stride, x_offsets, r), p->dt, p->k, row);
-      if (p->sums_groups) qk_woq_group_sums(row, p->k, p->group_size, row + p->k);
+      char* row = xf->data + (r - m0) * p->row_bytes;
+      const char* from = x_row(x, x_stride, x_offsets, r);
+      if (!p->kern->convert_x) {
+        memcpy(row, from, p->k * p->esize);
+        continue;
+      }
+      p->kern->convert_x(from, p->dt, p->k, (float*)row);
+      if (p->sums_groups)
+        qk_woq_group_sums((const float*)row, p->k, p->group_size, (float*)row + p->k);
     }
     xf->first = m0;
     xf->count = m_end - m0;
@@ -176,7 +185,7 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
       rows[0] = x + (m0 - block_m0) / 32 * p->x_group_bytes;
     else
       for (size_t i = 0; i < mr; i++)
-        rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->row_floats)
+        rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->row_bytes)
                      : x_row(x, x_stride, x_offsets, m0 + i);
     const float* bias = p->bias ? p->bias + n0 : NULL;
     char* c = p->y + (int64_t)m0 * p->y_stride + n0 * p->esize;
@@ -319,22 +328,23 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
   const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
   const size_t acc_stride = kblock ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
-  /* f32 rows of x per thread: a task's rows (at most mc, at most m); for
-   * an int4 K-block kernel one row, whose group sums go to xs (a row
-   * block's, shared) */
+  /* Rows of x per thread (x_rows): a task's rows (at most mc, at most m);
+   * for an int4 K-block kernel one row, whose group sums go to xs (a row
+   * block's, shared).  A GEMV loads vectors of each row again for every
+   * few columns: rows off a 64-byte line are copied, so that no load
+   * splits a line (AVX2, float32, 5-6 rows at 16 bytes off a line took
+   * 1.35-1.39x the time). */
   p->sums_groups = p->group_size && !kern->dequantize;
-  /* A GEMV loads vectors of each row of x again for every few columns: f32
-   * rows off a 64-byte line are copied, so that no load splits a line
-   * (AVX2, 5-6 rows at 16 bytes off a line: 1.35-1.39x the time). */
+  const int realigning =
+      (kern->traits & QK_TRAIT_LINE_ALIGNED_X) && !x_rows_aligned(x, x_stride, x_offsets, m);
   const int converting =
-      kern->convert_x &&
-      (dt != QK_F32 || p->sums_groups ||
-       (kern->kind == QK_WOQ_UNPACKED && !x_rows_aligned(x, x_stride, x_offsets, m)));
-  p->row_floats = (k + (p->sums_groups ? k / p->group_size : 0) + 15) / 16 * 16;
+      kern->convert_x ? dt != QK_F32 || p->sums_groups || realigning : realigning;
+  const size_t x_bytes = kern->convert_x ? sizeof(float) : p->esize;
+  p->row_bytes =
+      (k * x_bytes + (p->sums_groups ? k / p->group_size * sizeof(float) : 0) + 63) / 64 * 64;
   const size_t xf_rows = kblock ? 1 : m < mc ? m : mc;
   size_t xf_stride = 0;
-  if (converting && __builtin_mul_overflow(xf_rows, p->row_floats * sizeof(float), &xf_stride))
-    return QK_ERR_NOMEM;
+  if (converting && __builtin_mul_overflow(xf_rows, p->row_bytes, &xf_stride)) return QK_ERR_NOMEM;
   xf_stride = xf_stride / 64 * 64 + 64;
   const int summing = kblock && p->group_size;
   size_t xs_bytes = 0;
@@ -375,7 +385,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
     char* wide = wide_all ? wide_all + thread * wide_stride : NULL;
     size_t wide_chunk = SIZE_MAX; /* the chunk in wide: none yet */
     float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
-    x_rows_f32 xf = {xf_all ? (float*)(xf_all + thread * xf_stride) : NULL, 0, 0};
+    x_rows xf = {xf_all ? xf_all + thread * xf_stride : NULL, 0, 0};
     if (!packs_x) {
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
@@ -396,8 +406,9 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
           kern->pack_x(row, dt, k, (r - m0) % 32, x_block + (r - m0) / 32 * p->x_group_bytes,
                        packed_x_chunk_size(dt));
           if (summing) {
-            kern->convert_x(row, dt, k, xf.data);
-            qk_woq_group_sums(xf.data, k, p->group_size, xs + (r - m0) * (k / p->group_size));
+            kern->convert_x(row, dt, k, (float*)xf.data);
+            qk_woq_group_sums((const float*)xf.data, k, p->group_size,
+                              xs + (r - m0) * (k / p->group_size));
           }
         }
 #pragma omp for schedule(static)

@@ -16,6 +16,7 @@
 #define INT4 QK_WOQ_INT4_GROUPWISE, 32  /* format, groups of any multiple of 32 */
 #define FLUSHES QK_TRAIT_FLUSHES_SUBNORMALS
 #define SPLITS QK_TRAIT_SPLITS_X
+#define LINE_ALIGNED_X QK_TRAIT_LINE_ALIGNED_X
 /* Default blockings (include/qkern/woq.h): a task of 256 rows times 256 KiB
  * of packed panels, L2-sized; the K-block kernels pack 2048 rows at once
  * and walk K in blocks of 1024 over chunks of 8 panels (256 KiB of int8,
@@ -65,8 +66,8 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"f32w_gemm_6x16c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 16, 1, ALL, INT8, 0,
      "vfmadd231ps ymm", WIDENED_F32_BLOCKING, .fn = qk_woq_f32w_gemm_ukernel_6x16c1__avx2,
      .widen = qk_woq_widen_x16c1__avx2, .widened_bytes = 4, .convert_x = qk_woq_convert_x__avx2},
-    {"f32_gemv_8x1c0__avx2", QK_WOQ_UNPACKED, QK_ISA_AVX2, 8, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
-     PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_8x1c0__avx2,
+    {"f32_gemv_8x1c0__avx2", QK_WOQ_UNPACKED, QK_ISA_AVX2, 8, 1, 0, ALL, INT8, LINE_ALIGNED_X,
+     "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_8x1c0__avx2,
      .convert_x = qk_woq_convert_x__avx2},
     {"f32_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
      "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
@@ -90,7 +91,7 @@ const qk_woq_kernel qk_woq_kernels[] = {
      "vfmadd231ps zmm", WIDENED_F32_BLOCKING, .fn = qk_woq_f32w_gemm_ukernel_6x32c2__avx512,
      .widen = qk_woq_widen_f32_x32c2__avx512, .widened_bytes = 4,
      .convert_x = qk_woq_convert_x__avx2},
-    {"f32_gemv_8x1c0__avx512", QK_WOQ_UNPACKED, QK_ISA_AVX512, 8, 1, 0, ALL, INT8, 0,
+    {"f32_gemv_8x1c0__avx512", QK_WOQ_UNPACKED, QK_ISA_AVX512, 8, 1, 0, ALL, INT8, LINE_ALIGNED_X,
      "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_8x1c0__avx512,
      .convert_x = qk_woq_convert_x__avx2},
     {"f32_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, 0,
@@ -111,7 +112,8 @@ const qk_woq_kernel qk_woq_kernels[] = {
      .fn = qk_woq_bf16w_gemm_ukernel_8x32c2__avx512bf16, .widen = qk_woq_widen_x32c2__avx512,
      .widened_bytes = 2},
     {"bf16_gemv_8x1c0__avx512bf16", QK_WOQ_UNPACKED, QK_ISA_AVX512_BF16, 8, 1, 0, BF16, INT8,
-     FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .fn = qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16},
+     FLUSHES | LINE_ALIGNED_X, "vdpbf16ps zmm", PANELS_BLOCKING,
+     .fn = qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16},
     {"bf16_qb4w_gemm_8x32c1__avx512bf16", QK_WOQ_PANELS, QK_ISA_AVX512_BF16, 8, 32, 1, BF16, INT4,
      FLUSHES, "vdpbf16ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16},
