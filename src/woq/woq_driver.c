@@ -358,15 +358,11 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   size_t xf_bytes = 0;
   const int xf_fits = !__builtin_mul_overflow((size_t)threads, xf_stride, &xf_bytes);
   char* xf_all = converting && xf_fits ? aligned_alloc(64, xf_bytes) : NULL;
+  int status = QK_OK;
   if ((partial && !last_panel) || (widening && !wide_all) || (packs_x && !x_block) ||
       (kblock && !acc_all) || (converting && !xf_all) || (summing && !xs)) {
-    free(last_panel);
-    free(wide_all);
-    free(x_block);
-    free(acc_all);
-    free(xf_all);
-    free(xs);
-    return QK_ERR_NOMEM;
+    status = QK_ERR_NOMEM;
+    goto release;
   }
   p->xs = xs;
   if (partial) {
@@ -422,13 +418,14 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
     }
     qk_fpenv_leave(caller_env);
   }
+release:
   free(last_panel);
   free(wide_all);
   free(x_block);
   free(acc_all);
   free(xf_all);
   free(xs);
-  return QK_OK;
+  return status;
 }
 
 /* Whether qk_woq_gemm() may run int8 kernel kern on dt with blocking b
