@@ -4,7 +4,9 @@
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, bf16 x
- * only, read as it is (no conversion).  Per step of 32 k, each weight
+ * only, read as it is (no conversion; rows on 64-byte lines,
+ * QK_TRAIT_LINE_ALIGNED_X: the driver copies them when one is off a
+ * line).  Per step of 32 k, each weight
  * row's 32 int8 are widened in-register to 32 bf16 (exact: |w| <= 128
  * needs 8 significant bits), in the order of x's row, so that lane l of
  * vdpbf16ps adds x[k+2l] w[k+2l] + x[k+2l+1] w[k+2l+1]; the widened row

@@ -4,8 +4,9 @@
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, unpacked.
- * x in f32 (the driver converts f16 and bf16 rows once per row block:
- * convert_x).  For each of up to 6 rows of x and C columns at a time
+ * x in f32, rows on 64-byte lines (the driver converts f16 and bf16 rows
+ * once per row block, convert_x, and copies f32 ones when a row is off a
+ * line: QK_TRAIT_LINE_ALIGNED_X).  For each of up to 6 rows of x and C columns at a time
  * (C = 4 for 1-2 rows, 3 for 3-4, 2 for 5-6: at most 12 sums in the 16
  * ymm registers, and each row of x, which no longer fits L1 from 3 rows,
  * read once per C columns), 8-wide fp32 FMA partial sums along k (int8

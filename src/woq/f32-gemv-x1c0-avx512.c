@@ -4,8 +4,10 @@
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: "panels" of one column holding all of K, i.e. w is the caller's
- * row-major (N, K) int8 matrix itself and needs no packing.  x in f32 (the
- * driver converts f16 and bf16 rows once per row block: convert_x).
+ * row-major (N, K) int8 matrix itself and needs no packing.  x in f32, rows
+ * on 64-byte lines (the driver converts f16 and bf16 rows once per row
+ * block, convert_x, and copies f32 ones when a row is off a line:
+ * QK_TRAIT_LINE_ALIGNED_X).
  * 16-wide fp32 FMA partial sums along k, each weight step widened
  * in-register once and shared by every row.  The K tail uses masked
  * loads: nothing is read past a row of x or w.  Up to 8 rows, specialised

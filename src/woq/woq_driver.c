@@ -335,13 +335,17 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
    * splits a line (AVX2, float32, 5-6 rows at 16 bytes off a line took
    * 1.35-1.39x the time). */
   p->sums_groups = p->group_size && !kern->dequantize;
-  const int realigning =
-      (kern->traits & QK_TRAIT_LINE_ALIGNED_X) && !x_rows_aligned(x, x_stride, x_offsets, m);
+  const int realigning = (kern->traits & QK_TRAIT_LINE_ALIGNED_X) && k > 0 &&
+                         !x_rows_aligned(x, x_stride, x_offsets, m);
   const int converting =
       kern->convert_x ? dt != QK_F32 || p->sums_groups || realigning : realigning;
   const size_t x_bytes = kern->convert_x ? sizeof(float) : p->esize;
-  p->row_bytes =
-      (k * x_bytes + (p->sums_groups ? k / p->group_size * sizeof(float) : 0) + 63) / 64 * 64;
+  const size_t sums_bytes = p->sums_groups ? k / p->group_size * sizeof(float) : 0;
+  size_t row_bytes = 0;
+  if (__builtin_mul_overflow(k, x_bytes, &row_bytes) ||
+      __builtin_add_overflow(row_bytes, sums_bytes + 63, &row_bytes))
+    return QK_ERR_NOMEM;
+  p->row_bytes = row_bytes / 64 * 64;
   const size_t xf_rows = kblock ? 1 : m < mc ? m : mc;
   size_t xf_stride = 0;
   if (converting && __builtin_mul_overflow(xf_rows, p->row_bytes, &xf_stride)) return QK_ERR_NOMEM;

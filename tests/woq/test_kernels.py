@@ -173,14 +173,59 @@ def test_kernel_thread_count_invariant(kern):
 
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_rows_agree_across_mr(kern):
-    """A row's result does not depend on how many rows share its kernel call."""
+    """A row's result does not depend on how many rows share its kernel call:
+    every row count from 1 to MR + 1 gives each row the bits it has alone."""
     rng = np.random.default_rng(4)
     dtype = np.dtype(kern.dtypes[-1])
     x, w, s, b = _data(rng, kern.mr + 1, kern.nr + 1, 99, dtype)
     layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
-    full = layer(x)
-    for i in range(x.shape[0]):
-        assert np.array_equal(layer(x[i:i + 1]).view(np.uint8), full[i:i + 1].view(np.uint8))
+    alone = [layer(x[i:i + 1]).view(np.uint8) for i in range(x.shape[0])]
+    for m in range(2, x.shape[0] + 1):
+        rows = layer(x[:m])
+        for i in range(m):
+            assert np.array_equal(rows[i:i + 1].view(np.uint8), alone[i]), (m, i)
+
+
+def _off_a_line(shape, dtype, offset, row_pad=0):
+    """A 2-D array whose first element lies `offset` bytes past a 64-byte
+    line, its rows `row_pad` bytes more than their length apart."""
+    dtype = np.dtype(dtype)
+    m, k = shape
+    stride = k * dtype.itemsize + row_pad
+    raw = np.zeros(m * stride + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    return np.lib.stride_tricks.as_strided(raw[start:].view(dtype), shape, (stride, dtype.itemsize))
+
+
+@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].kind == "unpacked"])
+def test_gemv_x_on_and_off_a_line_agree(kern):
+    """The GEMVs read rows of x on 64-byte lines, the driver copying them when
+    one is off a line: rows all on a line (no copy), all 16 bytes off, every
+    other one off (a row stride of a line and a half), and rows through an
+    offset table (leading axes that do not collapse; rows 16 bytes further
+    off a line each) give the same bits."""
+    rng = np.random.default_rng(12)
+    for dtype in map(np.dtype, kern.dtypes):
+        m, n, k = kern.mr + 5, 7, 64
+        x, w, s, b = _data(rng, m, n, k, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        forms = []
+        for offset, row_pad in ((0, 0), (16, 0), (0, 32)):
+            form = _off_a_line((m, k), dtype, offset, row_pad)
+            form[...] = x
+            forms.append(form)
+        assert forms[0].ctypes.data % 64 == 0 and forms[1].ctypes.data % 64 == 16
+        expect = layer(forms[0]).view(np.uint8)
+        for form in forms[1:]:
+            assert np.array_equal(layer(form).view(np.uint8), expect), dtype
+        rows = _off_a_line((2 * m, k), dtype, 0, 16)
+        rows[:m] = x
+        rows[m:] = x
+        cube = np.lib.stride_tricks.as_strided(
+            rows, (m, 2, k), (rows.strides[0], m * rows.strides[0], dtype.itemsize))
+        y = layer(cube)
+        for j in range(2):
+            assert np.array_equal(np.ascontiguousarray(y[:, j]).view(np.uint8), expect), dtype
 
 
 @pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].splits_x])
