@@ -99,12 +99,15 @@ def _runnable_loops() -> list:
 def peak_gflops(index: int, threads: int, seconds: float = 0.1, reps: int = 3) -> list:
     """GFLOP/s of peak loop ``index`` on ``threads`` threads, one figure per repetition.
 
-    The iteration count is grown until one run lasts ``seconds``.
+    The iteration count is grown until the faster of two runs lasts
+    ``seconds / 4``: one run slowed down by another process would otherwise
+    stop the growth early, and the timed runs would then be too short to
+    measure more than the cost of starting the threads.
     """
     _check_threads(threads)
     flops = _roofline.peak_loops()[index][2]
     iters = 1 << 12
-    while _roofline.peak_run(index, iters, threads) < seconds / 4:
+    while min(_roofline.peak_run(index, iters, threads) for _ in range(2)) < seconds / 4:
         iters *= 4
     return [flops * iters * threads / _roofline.peak_run(index, iters, threads) / 1e9
             for _ in range(reps)]

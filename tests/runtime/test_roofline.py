@@ -36,6 +36,22 @@ def test_peak_rates_are_positive_and_finite():
         assert len(rates) == 2 and all(np.isfinite(r) and r > 0 for r in rates), name
 
 
+def test_peak_calibration_outlasts_a_slow_first_run(monkeypatch):
+    """A first run slowed down (another process on the core) must not stop
+    the iteration count from growing: every timed run lasts seconds / 4."""
+    calls = []
+
+    def peak_run(index, iters, threads):
+        calls.append(iters)
+        return 1.0 if len(calls) == 1 else iters * 1e-9  # 1 GHz of iterations
+
+    monkeypatch.setattr(roofline._roofline, "peak_run", peak_run)
+    rates = roofline.peak_gflops(0, threads=1, seconds=0.1, reps=3)
+    assert all(iters * 1e-9 >= 0.1 / 4 for iters in calls[-3:]), calls
+    flops = _roofline.peak_loops()[0][2]
+    assert rates == pytest.approx([flops] * 3)
+
+
 def test_read_bandwidth_small_buffer():
     threads = min(2, len(os.sched_getaffinity(0)))
     rates = roofline.read_bandwidth(threads=threads, nbytes=8 << 20, reps=2)
