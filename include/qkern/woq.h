@@ -297,8 +297,8 @@ enum {
   QK_TRAIT_SPLITS_X = 1u << 1,
   /* The kernel loads vectors of each row of x again and again (a GEMV):
    * the driver hands it rows that start on a 64-byte line (when one of a
-   * call's rows does not, each thread copies, or converts, the rows it
-   * runs into its own buffer), so that no load splits a line. */
+   * call's rows does not, it copies, or converts, the rows into its buffer
+   * of rows), so that no load splits a line. */
   QK_TRAIT_LINE_ALIGNED_X = 1u << 2
 };
 

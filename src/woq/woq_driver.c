@@ -125,7 +125,9 @@ static const int8_t* chunk_panels(const plan* p, size_t nb, size_t* n0, size_t* 
   return p->packed + nb * p->panels_per_chunk * p->panel_bytes;
 }
 
-/* A thread's rows of x as its kernel reads them: converted to f32 by the
+/* Rows of x as the kernel reads them, a thread's own (or, when one row
+ * block holds every row, all of them, in one buffer the threads share and
+ * fill a share each before any task runs): converted to f32 by the
  * kernel's convert_x (x not f32, or an int4 kernel that sums groups), or,
  * for a kernel with QK_TRAIT_LINE_ALIGNED_X given rows off a 64-byte
  * line, converted or copied as they are onto lines: rows first .. first +
@@ -139,6 +141,18 @@ typedef struct x_rows {
 /* Row r of x: at x + x_offsets[r], or x + r * x_stride without offsets. */
 static const char* x_row(const char* x, int64_t x_stride, const int64_t* x_offsets, size_t r) {
   return x + (x_offsets ? x_offsets[r] : (int64_t)r * x_stride);
+}
+
+/* Row r of x into row, as the kernel reads it (see x_rows). */
+static void convert_row(const plan* p, const char* x, int64_t x_stride, const int64_t* x_offsets,
+                        size_t r, char* row) {
+  const char* from = x_row(x, x_stride, x_offsets, r);
+  if (!p->kern->convert_x) {
+    memcpy(row, from, p->k * p->esize);
+    return;
+  }
+  p->kern->convert_x(from, p->dt, p->k, (float*)row);
+  if (p->sums_groups) qk_woq_group_sums((const float*)row, p->k, p->group_size, (float*)row + p->k);
 }
 
 /* Rows m0 .. m_end-1 times chunk nb of the panels; wide: NULL, or the
@@ -163,17 +177,8 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
     w = (const int8_t*)wide;
   }
   if (xf && (xf->first != m0 || xf->count != m_end - m0)) {
-    for (size_t r = m0; r < m_end; r++) {
-      char* row = xf->data + (r - m0) * p->row_bytes;
-      const char* from = x_row(x, x_stride, x_offsets, r);
-      if (!p->kern->convert_x) {
-        memcpy(row, from, p->k * p->esize);
-        continue;
-      }
-      p->kern->convert_x(from, p->dt, p->k, (float*)row);
-      if (p->sums_groups)
-        qk_woq_group_sums((const float*)row, p->k, p->group_size, (float*)row + p->k);
-    }
+    for (size_t r = m0; r < m_end; r++)
+      convert_row(p, x, x_stride, x_offsets, r, xf->data + (r - m0) * p->row_bytes);
     xf->first = m0;
     xf->count = m_end - m0;
   }
@@ -359,8 +364,15 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   char* x_block = packs_x ? aligned_alloc(64, x_block_bytes + 64) : NULL;
   char* acc_all = kblock ? aligned_alloc(64, (size_t)threads * acc_stride) : NULL;
   float* xs = summing ? malloc(xs_bytes + 64) : NULL;
+  /* One row block on a kernel that reads x as it is given: every thread
+   * runs all the rows, so they are converted once, a share by each thread,
+   * into one buffer the threads read, not once per thread (two threads'
+   * copies of 256 rows of K = 11008 with their group sums, 11 MiB each,
+   * crowd the last-level cache that the weight streams through). */
+  const int shared_rows = converting && !packs_x && m_blocks == 1;
   size_t xf_bytes = 0;
-  const int xf_fits = !__builtin_mul_overflow((size_t)threads, xf_stride, &xf_bytes);
+  const int xf_fits =
+      !__builtin_mul_overflow(shared_rows ? (size_t)1 : (size_t)threads, xf_stride, &xf_bytes);
   char* xf_all = converting && xf_fits ? aligned_alloc(64, xf_bytes) : NULL;
   int status = QK_OK;
   if ((partial && !last_panel) || (widening && !wide_all) || (packs_x && !x_block) ||
@@ -385,8 +397,14 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
     char* wide = wide_all ? wide_all + thread * wide_stride : NULL;
     size_t wide_chunk = SIZE_MAX; /* the chunk in wide: none yet */
     float* acc = acc_all ? (float*)(acc_all + thread * acc_stride) : NULL;
-    x_rows xf = {xf_all ? xf_all + thread * xf_stride : NULL, 0, 0};
+    x_rows xf = {xf_all ? xf_all + (shared_rows ? 0 : thread * xf_stride) : NULL, 0, 0};
     if (!packs_x) {
+      if (shared_rows) {
+#pragma omp for schedule(static)
+        for (size_t r = 0; r < m; r++)
+          convert_row(p, x, x_stride, x_offsets, r, xf.data + r * p->row_bytes);
+        xf.count = m; /* rows 0 .. m-1: every task's, whole once the loop's barrier is passed */
+      }
 #pragma omp for schedule(static)
       for (size_t t = 0; t < tasks; t++) {
         const size_t mb = split_m ? t / p->n_chunks : t % m_blocks;
