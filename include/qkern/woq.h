@@ -366,8 +366,9 @@ typedef struct qk_woq_kernel {
   qk_woq_pack_x_fn pack_x;  /* QK_WOQ_KBLOCK: writes packed x; QK_WOQ_UNPACKED:
                                NULL, or writes packed x^T (layouts above) */
   /* QK_WOQ_PANELS: NULL, or the kernel reads f32 rows of x whatever dt (dt
-   * is then y's dtype only); the driver converts f16 / bf16 rows with it
-   * once per row block and thread, into a per-thread buffer */
+   * is then y's dtype only); the driver converts f16 / bf16 rows with it,
+   * once per call into a buffer the threads share when one row block holds
+   * every row, else once per row block and thread into a thread's own */
   qk_woq_convert_x_fn convert_x;
   qk_woq_kblock_fn kblock; /* QK_WOQ_KBLOCK */
   /* QK_WOQ_INT4_GROUPWISE (nr = 32, kr = 1, with convert_x, which then

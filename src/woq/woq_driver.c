@@ -158,7 +158,8 @@ static void convert_row(const plan* p, const char* x, int64_t x_stride, const in
 /* Rows m0 .. m_end-1 times chunk nb of the panels; wide: NULL, or the
  * thread's buffer of widened panels, which holds chunk *wide_chunk (widened
  * here first if it holds another); xf: NULL, or the thread's rows of x
- * (converted here first if it holds others).  For a kernel with pack_x
+ * (converted here first if it holds others; shared rows always hold every
+ * task's, so they are never written here).  For a kernel with pack_x
  * (packed x^T), x is the packed row block, from row m0. */
 static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const char* x,
                      int64_t x_stride, const int64_t* x_offsets, char* wide, size_t* wide_chunk,
@@ -333,12 +334,12 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
   const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
   const size_t acc_stride = kblock ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
-  /* Rows of x per thread (x_rows): a task's rows (at most mc, at most m);
-   * for an int4 K-block kernel one row, whose group sums go to xs (a row
-   * block's, shared).  A GEMV loads vectors of each row again for every
-   * few columns: rows off a 64-byte line are copied, so that no load
-   * splits a line (AVX2, float32, 5-6 rows at 16 bytes off a line took
-   * 1.35-1.39x the time). */
+  /* Rows of x (x_rows): per thread a task's rows (at most mc), or all m
+   * rows in one shared buffer (below); for an int4 K-block kernel one row
+   * per thread, whose group sums go to xs (a row block's, shared).  A GEMV
+   * loads vectors of each row again for every few columns: rows off a
+   * 64-byte line are copied, so that no load splits a line (AVX2, float32,
+   * 5-6 rows at 16 bytes off a line took 1.35-1.39x the time). */
   p->sums_groups = p->group_size && !kern->dequantize;
   const int realigning = (kern->traits & QK_TRAIT_LINE_ALIGNED_X) && k > 0 &&
                          !x_rows_aligned(x, x_stride, x_offsets, m);
