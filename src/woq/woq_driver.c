@@ -94,8 +94,8 @@ typedef struct plan {
   const char* sz;
   int sums_groups;  /* int4 kernels that read the group sums of x (all but a
                        dequantizing one) */
-  size_t row_bytes; /* from one of a thread's rows of x (x_rows) to the next: k
-                       values (+ their group sums), rounded up to a 64-byte line */
+  size_t row_bytes; /* from one row of x_rows to the next: k values (+ their
+                       group sums), rounded up to a 64-byte line */
   float* xs;        /* int4 K-block kernels: the group sums of the packed
                        row block, k / group_size per row */
   char* y;

@@ -124,12 +124,22 @@ def _check_strided_x(kern, dtype, rng):
     assert np.array_equal(_run_poisoned(layer, col_strided, n), expect)
 
 
+def _off_a_line(shape, dtype, offset, row_pad=0):
+    """A 2-D array whose first element lies `offset` bytes past a 64-byte
+    line, its rows `row_pad` bytes (a multiple of the itemsize) more than
+    their length apart."""
+    dtype = np.dtype(dtype)
+    m, k = shape
+    stride = k * dtype.itemsize + row_pad
+    raw = np.zeros(m * stride + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    base = raw[start:start + m * stride].view(dtype)
+    return np.lib.stride_tricks.as_strided(base, shape, (stride, dtype.itemsize))
+
+
 def _unaligned(shape, dtype, fill):
     """An array of `shape` one byte past an aligned address (NumPy allows it)."""
-    dtype = np.dtype(dtype)
-    raw = np.empty(int(np.prod(shape)) * dtype.itemsize + 64, dtype=np.uint8)
-    start = (-raw.ctypes.data) % 64 + 1
-    a = raw[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    a = _off_a_line(shape, dtype, 1)
     a[...] = fill
     assert not a.flags.aligned
     return a
@@ -184,17 +194,6 @@ def test_kernel_rows_agree_across_mr(kern):
         rows = layer(x[:m])
         for i in range(m):
             assert np.array_equal(rows[i:i + 1].view(np.uint8), alone[i]), (m, i)
-
-
-def _off_a_line(shape, dtype, offset, row_pad=0):
-    """A 2-D array whose first element lies `offset` bytes past a 64-byte
-    line, its rows `row_pad` bytes more than their length apart."""
-    dtype = np.dtype(dtype)
-    m, k = shape
-    stride = k * dtype.itemsize + row_pad
-    raw = np.zeros(m * stride + 128, dtype=np.uint8)
-    start = (-raw.ctypes.data) % 64 + offset
-    return np.lib.stride_tricks.as_strided(raw[start:].view(dtype), shape, (stride, dtype.itemsize))
 
 
 @pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].kind == "unpacked"])
