@@ -12,11 +12,21 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from qkern import _cpu, _woq
 from qkern._dtypes import DTYPE_CODES, dtype_name
 
 ISA_LEVELS = ("ref", "avx2", "avx512", "avx512_bf16", "amx")
+
+
+def _read_only(settings: dict) -> MappingProxyType:
+    """``settings`` (and the dicts in it) as read-only mappings: the static
+    rule's settings below are replaced, never changed in place, so that
+    :func:`choose_kernel` can tell when to forget its choices."""
+    return MappingProxyType({key: _read_only(value) if isinstance(value, dict) else value
+                             for key, value in settings.items()})
+
 
 # The M from which the static rule takes a level's kernel on int4 weights
 # the driver dequantizes to float32 (compute f32dq_qb4w), where many rows
@@ -53,7 +63,7 @@ DEQUANTIZED_IN_STATIC_RULE = ("avx2", "avx512")
 # the AMX Xeon (same problem) 1.9-2.3 ms at M = 8-32, 7.7 ms at M = 128
 # against 13.8 ms for packing and the AMX kernel (bfloat16; float32 18.8
 # against 21.0).
-UNPACKED_CALLS = {"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4}
+UNPACKED_CALLS = _read_only({"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4})
 
 # On a CPU with AMX, the M from which the functional op takes the AMX
 # kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
@@ -62,7 +72,7 @@ UNPACKED_CALLS = {"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4}
 # and 1.82 ms, float32 2.24 and 2.28) and the AMX kernel ahead from 6
 # (bfloat16 1.95 against 2.07) and 7 (float32 2.33 against 2.99); float16,
 # two planes, between.
-AMX_UNPACKED_FROM_M = {"bfloat16": 6, "float16": 7, "float32": 7}
+AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 6, "float16": 7, "float32": 7})
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
@@ -91,7 +101,7 @@ INT4 = "int4_groupwise"
 # thread) f32w on the copy took 1.02-1.06 of the 6x32's time on packed
 # int8 from M = 48 (39.5 against 38.5 ms at 128, 155.0 against 151.5 at
 # 512; 11008 x 4096, M = 128: 111.3 against 105.7) and 1.1-2.9x below.
-WIDENED_ABOVE_ROW_BLOCKS = {"amx": {INT8: 1, INT4: 2}, "avx512_bf16": {INT8: 6}}
+WIDENED_ABOVE_ROW_BLOCKS = _read_only({"amx": {INT8: 1, INT4: 2}, "avx512_bf16": {INT8: 6}})
 
 # On a CPU with AMX, the M from which the static rule takes the AMX
 # kernels, per weight format and dtype of x; fewer rows run the AVX-512 FMA
@@ -110,8 +120,8 @@ WIDENED_ABOVE_ROW_BLOCKS = {"amx": {INT8: 1, INT4: 2}, "avx512_bf16": {INT8: 6}}
 # at 8 (1.66 against 2.18).  int4 bfloat16 0.71 / 0.89 ms against 0.97 / 0.96 at M = 1 / 2,
 # even at 3 (two threads), AMX 0.98 against 1.24 at 4; float16 the same;
 # float32 even at 4 (1.21 against 1.20), AMX 1.25 against 1.56 at 6.
-AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
-              INT4: {"bfloat16": 3, "float16": 3, "float32": 4}}
+AMX_FROM_M = _read_only({INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
+                         INT4: {"bfloat16": 3, "float16": 3, "float32": 4}})
 
 # The M from which the static rule takes the AVX-512-BF16 (vdpbf16ps)
 # kernels for bfloat16 x, per CPU vendor and weight format; fewer rows, and
@@ -131,13 +141,13 @@ AMX_FROM_M = {INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
 # and 11008 x 4096, one and two threads; M = 1 on 11008 x 4096 1.10-1.16x);
 # int4 (groups of 128) M = 1 in 0.62 against 0.70 ms and from M = 4 in
 # 0.47-0.51 of the time.
-AVX512_BF16_FROM_M = {"AuthenticAMD": {INT8: 3, INT4: 1}}
+AVX512_BF16_FROM_M = _read_only({"AuthenticAMD": {INT8: 3, INT4: 1}})
 
 # The same rule for the functional op's kernel on the unpacked int8 weight:
 # bf16_gemv_8x1c0__avx512bf16 from this many rows (at M = 1 the FMA GEMV
 # reads the weight as fast).  On the Zen 4 above, M = 2, one and two
 # threads, it took 0.90-0.96 of f32_gemv_8x1c0__avx512's time.
-AVX512_BF16_UNPACKED_FROM_M = {"AuthenticAMD": 2}
+AVX512_BF16_UNPACKED_FROM_M = _read_only({"AuthenticAMD": 2})
 
 # Features each ISA level needs (cumulative: a level needs all below it).
 _ISA_REQUIRES = {
@@ -154,7 +164,7 @@ _FEATURES = _cpu.detect()
 # AVX512_BF16_FROM_M and AVX512_BF16_UNPACKED_FROM_M on it (empty / None:
 # the static rule never takes that level).
 CPU_VENDOR = _cpu.vendor()
-AVX512_BF16_FROM_M_HERE = AVX512_BF16_FROM_M.get(CPU_VENDOR, {})
+AVX512_BF16_FROM_M_HERE = AVX512_BF16_FROM_M.get(CPU_VENDOR, _read_only({}))
 AVX512_BF16_UNPACKED_FROM_M_HERE = AVX512_BF16_UNPACKED_FROM_M.get(CPU_VENDOR)
 
 
@@ -524,8 +534,42 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     and the fewest passes is the least work: measured on an AVX2 Zen 3, 1
     thread, 4096 x 4096, side by side, 1 to 6 rows in 1.00, 1.30, 1.71,
     1.82, 1.99, 2.48 ms, R + 2 to within 15 %.
+
+    The choice is remembered for each set of arguments while the settings
+    it reads (the module's read-only mappings and thresholds above, and
+    ``REGISTRY``) stay as they are; replacing one takes effect at the next
+    call.
     """
     name = dtype_name(dtype)
+    key = (name, m, None if layout is None else tuple(layout), unpacked_ok, weight_format)
+    global _choices
+    settings, chosen = _choices
+    if settings != _rule_settings():
+        _choices = settings, chosen = _rule_settings(), {}
+    kern = chosen.get(key)
+    if kern is None:
+        if len(chosen) >= _CHOICES_KEPT:
+            chosen.clear()
+        kern = chosen[key] = _static_rule(name, m, layout, unpacked_ok, weight_format)
+    return _log(kern, name, m)
+
+
+# The static rule's choices, {arguments: kernel}, and the settings they
+# were made under (_rule_settings()); at most _CHOICES_KEPT of them.
+_CHOICES_KEPT = 4096
+_choices: tuple = ((), {})
+
+
+def _rule_settings() -> tuple:
+    """The module settings the static rule reads, as they are now."""
+    return (REGISTRY, AVX512_BF16_FROM_M_HERE, AVX512_BF16_UNPACKED_FROM_M_HERE,
+            UNPACKED_CALLS, AMX_UNPACKED_FROM_M, AMX_FROM_M, WIDENED_ABOVE_ROW_BLOCKS,
+            DEQUANTIZED_FROM_M, DEQUANTIZED_IN_STATIC_RULE)
+
+
+def _static_rule(name: str, m: int, layout: tuple | None, unpacked_ok: bool,
+                 weight_format: str) -> Kernel:
+    """:func:`choose_kernel`'s choice for dtype ``name``, computed."""
     bf16_from = AVX512_BF16_FROM_M_HERE.get(weight_format)
     bf16_ok = bf16_from is not None and m >= bf16_from
     unpacked_from = AVX512_BF16_UNPACKED_FROM_M_HERE
@@ -539,7 +583,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
         if kern.isa == "amx" and len(unpacked) > 1 and m < AMX_UNPACKED_FROM_M[name]:
             kern = unpacked[1]
         if m <= UNPACKED_CALLS[kern.isa] * kern.mr:
-            return _log(kern, name, m)
+            return kern
     cands = _packed_candidates(name, layout, weight_format)
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
     levels = [v for v in levels if ISA_LEVELS[v] != "avx512_bf16" or bf16_ok] or levels
@@ -554,10 +598,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
                    and k.isa in DEQUANTIZED_IN_STATIC_RULE)]
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands
     if widened:
-        kern = widened[-1]
-    else:
-        kern = min(packed, key=lambda k: -(-m // k.mr))  # the first, narrowest, on a tie
-    return _log(kern, name, m)
+        return widened[-1]
+    return min(packed, key=lambda k: -(-m // k.mr))  # the first, narrowest, on a tie
 
 
 def _log(kern: Kernel, dtype_name_: str, m: int) -> Kernel:

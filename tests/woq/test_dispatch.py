@@ -308,6 +308,46 @@ def test_dequantized_int4_kernel_on_avx512_from_its_m(monkeypatch, level, packed
             assert kern.name == "bf16_qb4w_gemm_8x32c1__avx512bf16", m
 
 
+@pytest.mark.parametrize("setting", ["UNPACKED_CALLS", "AMX_UNPACKED_FROM_M",
+                                     "WIDENED_ABOVE_ROW_BLOCKS", "AMX_FROM_M",
+                                     "AVX512_BF16_FROM_M", "AVX512_BF16_UNPACKED_FROM_M",
+                                     "AVX512_BF16_FROM_M_HERE"])
+def test_static_rule_settings_are_read_only(setting):
+    """The rule's mappings (and the ones in them) refuse changes in place: the
+    remembered choices follow a setting replaced, never one edited."""
+    mapping = getattr(dispatch, setting)
+    with pytest.raises(TypeError):
+        mapping["new"] = 1
+    for inner in mapping.values():
+        if hasattr(inner, "keys"):
+            with pytest.raises(TypeError):
+                inner["new"] = 1
+
+
+def test_remembered_choices_are_the_rules_and_follow_a_replaced_setting(monkeypatch):
+    """choose_kernel gives what the rule computes for every argument it takes,
+    remembered or not, keeps at most _CHOICES_KEPT choices, and forgets them
+    when a setting is replaced."""
+    monkeypatch.setattr(dispatch, "_CHOICES_KEPT", 16)
+    calls = [(dtype, m, layout, unpacked_ok, fmt)
+             for dtype in ("float32", "bfloat16") for m in (1, 2, 5, 33, 64, 300)
+             for fmt in (dispatch.INT8, dispatch.INT4)
+             for layout, unpacked_ok in ((None, False), (None, True))
+             if not (unpacked_ok and fmt == dispatch.INT4)]
+    calls += [("float32", m, k.layout, False, dispatch.INT8) for m in (1, 64)
+              for k in dispatch.REGISTRY if k.available and k.weight_format == dispatch.INT8]
+    for args in calls + calls[::-1]:
+        dtype, m, layout, unpacked_ok, fmt = args
+        kern = dispatch.choose_kernel(dtype, m, layout, unpacked_ok, fmt)
+        assert kern == dispatch._static_rule(dtype, m, layout, unpacked_ok, fmt), args
+        assert len(dispatch._choices[1]) <= 16
+    first = dispatch.choose_kernel("float32", 1)
+    monkeypatch.setattr(dispatch, "REGISTRY", tuple(k for k in dispatch.REGISTRY if k != first))
+    assert dispatch.choose_kernel("float32", 1) not in (None, first)
+    monkeypatch.undo()
+    assert dispatch.choose_kernel("float32", 1) == first
+
+
 def test_isa_cap_bad_value_is_a_clear_error():
     r = _python("import qkern", QKERN_ISA="sse9")
     assert r.returncode != 0
