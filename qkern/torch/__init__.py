@@ -24,6 +24,10 @@ under ``torch.compile(fullgraph=True)`` and ``torch.export``:
     The forward of :class:`QConv2d` on a GPU: runs the module registered
     under ``layer``, with its weights and plans kept on the device.
 
+In plain eager calls (CPU tensors, no gradient to record, nothing tracing or
+watching), the entry points of the four GEMM ops run the op's
+implementation directly, skipping the dispatcher's tens of microseconds.
+
 Tensors cross into qkern without a copy: a CPU tensor is viewed as a NumPy
 array over the same memory (bfloat16 through its int16 bits, since
 ``Tensor.numpy()`` has no bfloat16), a CUDA tensor is passed as itself
@@ -35,7 +39,8 @@ qkern's public API):
 
 ``_interop``
     Tensors to and from qkern without copies: NumPy views, dtype maps,
-    result tensors, quantized tensors' int8 memory.
+    result tensors, quantized tensors' int8 memory; and when a GEMM op's
+    call may skip the op and run qkern directly (``plain_eager``).
 ``_checks``
     The ops' argument checks, shared by their eager and fake
     implementations, and the arguments in the form the ops' schemas take.

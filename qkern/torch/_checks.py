@@ -3,7 +3,9 @@
 The checks are shared by the eager and the fake implementation of each op,
 so that errors come at trace time too. They use ``torch._check_*``, so that
 they run, unchanged, on fake tensors, and check symbolic shapes under
-``torch.compile`` without specializing them. The conv geometry and the
+``torch.compile`` without specializing them; the GEMM ops' checks go
+through :func:`check_value` and :func:`check_type`, which skip torch's
+call for a concrete check that passed. The conv geometry and the
 types of scalars are checked by qkern's own helpers (:mod:`qkern.qconv`).
 """
 
@@ -14,38 +16,53 @@ import torch
 from qkern.qconv import as_float, geometry, padding_pairs, pair
 from qkern.torch._interop import DTYPES
 
-__all__ = ["check_mm", "check_weights", "check_x", "conv_args", "conv_shape", "pads",
-           "scale_tensor"]
+__all__ = ["check_mm", "check_type", "check_value", "check_weights", "check_x", "conv_args",
+           "conv_shape", "pads", "scale_tensor"]
+
+
+def check_value(cond, message) -> None:
+    """``torch._check_value(cond, message)``, skipped where ``cond`` is the
+    bool True: a concrete check that passed, which torch's call takes a
+    microsecond or two to confirm (a GEMM op checks a dozen things per
+    call). A symbolic ``cond`` goes to torch."""
+    if cond is not True:
+        torch._check_value(cond, message)
+
+
+def check_type(cond, message) -> None:
+    """``torch._check_type(cond, message)``, as :func:`check_value`."""
+    if cond is not True:
+        torch._check_type(cond, message)
 
 
 def check_x(x, k, dtype) -> None:
     """Check the activation tensor against a weight of K columns and ``dtype`` scales."""
-    torch._check_value(x.device.type == "cpu",
-                       lambda: f"x: expected a CPU tensor, got device {x.device}")
-    torch._check_type(x.dtype in DTYPES,
-                      lambda: f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
-    torch._check_type(x.dtype == dtype,
-                      lambda: f"x: expected dtype {dtype} (the dtype of the scales), got {x.dtype}")
-    torch._check_value(x.dim() >= 1, lambda: "x: expected shape (..., K), got a 0-d tensor")
-    torch._check_value(x.shape[-1] == k,
-                       lambda: f"x: expected last dimension K={k} (from w), got shape "
-                               f"{tuple(x.shape)}")
+    check_value(x.device.type == "cpu",
+                lambda: f"x: expected a CPU tensor, got device {x.device}")
+    check_type(x.dtype in DTYPES,
+               lambda: f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    check_type(x.dtype == dtype,
+               lambda: f"x: expected dtype {dtype} (the dtype of the scales), got {x.dtype}")
+    check_value(x.dim() >= 1, lambda: "x: expected shape (..., K), got a 0-d tensor")
+    check_value(x.shape[-1] == k,
+                lambda: f"x: expected last dimension K={k} (from w), got shape "
+                        f"{tuple(x.shape)}")
 
 
 def check_mm(x, w, scales) -> None:
     """The argument checks of ``qkern::weight_int8pack_mm``."""
     for name, t in (("w", w), ("scales", scales)):
-        torch._check_value(t.device.type == "cpu",
-                           lambda: f"{name}: expected a CPU tensor, got device {t.device}")
-    torch._check_type(w.dtype == torch.int8, lambda: f"w: expected dtype int8, got {w.dtype}")
-    torch._check_value(w.dim() == 2, lambda: f"w: expected shape (N, K), got {tuple(w.shape)}")
-    torch._check_value(w.is_contiguous(), lambda: "w: expected a contiguous (N, K) tensor")
-    torch._check_type(scales.dtype == x.dtype,
-                      lambda: f"scales: expected dtype {x.dtype} (the dtype of x), "
-                              f"got {scales.dtype}")
-    torch._check_value(scales.dim() == 1 and scales.shape[0] == w.shape[0],
-                       lambda: f"scales: expected shape ({w.shape[0]},) to match w's N, got "
-                               f"{tuple(scales.shape)}")
+        check_value(t.device.type == "cpu",
+                    lambda: f"{name}: expected a CPU tensor, got device {t.device}")
+    check_type(w.dtype == torch.int8, lambda: f"w: expected dtype int8, got {w.dtype}")
+    check_value(w.dim() == 2, lambda: f"w: expected shape (N, K), got {tuple(w.shape)}")
+    check_value(w.is_contiguous(), lambda: "w: expected a contiguous (N, K) tensor")
+    check_type(scales.dtype == x.dtype,
+               lambda: f"scales: expected dtype {x.dtype} (the dtype of x), "
+                       f"got {scales.dtype}")
+    check_value(scales.dim() == 1 and scales.shape[0] == w.shape[0],
+                lambda: f"scales: expected shape ({w.shape[0]},) to match w's N, got "
+                        f"{tuple(scales.shape)}")
     check_x(x, w.shape[1], scales.dtype)
 
 

@@ -15,18 +15,30 @@ import torch
 import qkern
 from qkern.qconv import as_float
 from qkern.torch._checks import check_mm, conv_args, conv_shape, pads, scale_tensor
-from qkern.torch._interop import as_numpy, host, int8_view, new_output, nhwc, run_into, unquantize
+from qkern.torch._interop import (
+    as_numpy,
+    host,
+    int8_view,
+    new_output,
+    nhwc,
+    plain_eager,
+    run_into,
+    unquantize,
+)
 
 __all__ = ["qconv2d", "run_conv", "weight_int8pack_mm"]
 
 
-@torch.library.custom_op("qkern::weight_int8pack_mm", mutates_args=())
-def _weight_int8pack_mm_op(x: torch.Tensor, w: torch.Tensor,
-                           scales: torch.Tensor) -> torch.Tensor:
+def _weight_int8pack_mm_eager(x: torch.Tensor, w: torch.Tensor,
+                              scales: torch.Tensor) -> torch.Tensor:
     check_mm(x, w, scales)
     w_np, s_np = as_numpy("w", w), as_numpy("scales", scales)
     return run_into(lambda x_np, **kw: qkern.weight_int8pack_mm(x_np, w_np, s_np, **kw),
                     x, w.shape[0])
+
+
+_weight_int8pack_mm_op = torch.library.custom_op("qkern::weight_int8pack_mm", mutates_args=())(
+    _weight_int8pack_mm_eager)
 
 
 @_weight_int8pack_mm_op.register_fake
@@ -72,7 +84,10 @@ def weight_int8pack_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -
     -----
     Unlike ``torch._weight_int8pack_mm``, any K works and the tensors need
     no particular alignment. There is no autograd formula (nor has PyTorch's
-    op one): this is for inference.
+    op one): this is for inference. A plain eager call (CPU tensors, no
+    gradient to record, nothing tracing or watching) runs the op's
+    implementation without the op, saving the dispatcher's tens of
+    microseconds; the result and errors are the same.
 
     Examples
     --------
@@ -82,6 +97,8 @@ def weight_int8pack_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -
     >>> qkern.torch.weight_int8pack_mm(x, w, torch.tensor([0.5, 1.0]))
     tensor([[-1., 12.]])
     """
+    if plain_eager(x, w, scales):
+        return _weight_int8pack_mm_eager(x, w, scales)
     return torch.ops.qkern.weight_int8pack_mm(x, w, scales)
 
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 import qkern
-from qkern.torch._checks import check_x
-from qkern.torch._interop import DTYPES, TORCH_DTYPES, as_numpy, from_numpy, run_into
+from qkern.torch._checks import check_type, check_value, check_x
+from qkern.torch._interop import DTYPES, TORCH_DTYPES, as_numpy, from_numpy, plain_eager, run_into
 from qkern.torch._registry import LiveRegistry, define_linear_op, load_layer_state
 
 __all__ = ["Int4Linear", "int4_from_torch_packed", "weight_int4pack_mm"]
@@ -28,25 +28,25 @@ __all__ = ["Int4Linear", "int4_from_torch_packed", "weight_int4pack_mm"]
 
 def _check_int4_mm(x, w_packed, group_size, scales_and_zeros) -> None:
     for name, t in (("w_packed", w_packed), ("scales_and_zeros", scales_and_zeros)):
-        torch._check_value(t.device.type == "cpu", lambda name=name, t=t:
-                           f"{name}: expected a CPU tensor, got device {t.device}")
-    torch._check_type(w_packed.dtype == torch.uint8,
-                      lambda: f"w_packed: expected dtype uint8 (from qkern.pack_int4), "
-                              f"got {w_packed.dtype}")
-    torch._check_value(w_packed.dim() == 3 and w_packed.shape[2] == 16,
-                       lambda: f"w_packed: expected shape (ceil(N / 32), K, 16) from "
-                               f"qkern.pack_int4, got {tuple(w_packed.shape)}")
-    torch._check_value(w_packed.is_contiguous(), lambda: "w_packed: expected a contiguous tensor")
-    torch._check_type(scales_and_zeros.dtype == x.dtype,
-                      lambda: f"scales_and_zeros: expected dtype {x.dtype} (the dtype of x), "
-                              f"got {scales_and_zeros.dtype}")
-    torch._check_value(group_size in qkern.woq_int4.GROUP_SIZES,
-                       lambda: f"group_size: expected one of {qkern.woq_int4.GROUP_SIZES}, "
-                               f"got {group_size}")
+        check_value(t.device.type == "cpu", lambda name=name, t=t:
+                    f"{name}: expected a CPU tensor, got device {t.device}")
+    check_type(w_packed.dtype == torch.uint8,
+               lambda: f"w_packed: expected dtype uint8 (from qkern.pack_int4), "
+                       f"got {w_packed.dtype}")
+    check_value(w_packed.dim() == 3 and w_packed.shape[2] == 16,
+                lambda: f"w_packed: expected shape (ceil(N / 32), K, 16) from "
+                        f"qkern.pack_int4, got {tuple(w_packed.shape)}")
+    check_value(w_packed.is_contiguous(), lambda: "w_packed: expected a contiguous tensor")
+    check_type(scales_and_zeros.dtype == x.dtype,
+               lambda: f"scales_and_zeros: expected dtype {x.dtype} (the dtype of x), "
+                       f"got {scales_and_zeros.dtype}")
+    check_value(group_size in qkern.woq_int4.GROUP_SIZES,
+                lambda: f"group_size: expected one of {qkern.woq_int4.GROUP_SIZES}, "
+                        f"got {group_size}")
     k = w_packed.shape[1]
-    torch._check_value(k % group_size == 0,
-                       lambda: f"K={k} is not a multiple of group_size={group_size}")
-    torch._check_value(
+    check_value(k % group_size == 0,
+                lambda: f"K={k} is not a multiple of group_size={group_size}")
+    check_value(
         scales_and_zeros.dim() == 3 and scales_and_zeros.shape[0] == k // group_size
         and scales_and_zeros.shape[2] == 2
         and (scales_and_zeros.shape[1] + 31) // 32 == w_packed.shape[0],
@@ -55,14 +55,17 @@ def _check_int4_mm(x, w_packed, group_size, scales_and_zeros) -> None:
     check_x(x, k, scales_and_zeros.dtype)
 
 
-@torch.library.custom_op("qkern::weight_int4pack_mm", mutates_args=())
-def _weight_int4pack_mm_op(x: torch.Tensor, w_packed: torch.Tensor, group_size: int,
-                           scales_and_zeros: torch.Tensor) -> torch.Tensor:
+def _weight_int4pack_mm_eager(x: torch.Tensor, w_packed: torch.Tensor, group_size: int,
+                              scales_and_zeros: torch.Tensor) -> torch.Tensor:
     _check_int4_mm(x, w_packed, group_size, scales_and_zeros)
     w_np, sz_np = as_numpy("w_packed", w_packed), as_numpy("scales_and_zeros", scales_and_zeros)
     return run_into(lambda x_np, **kw: qkern.weight_int4pack_mm(x_np, w_np, group_size, sz_np,
                                                                 **kw),
                     x, scales_and_zeros.shape[1])
+
+
+_weight_int4pack_mm_op = torch.library.custom_op("qkern::weight_int4pack_mm", mutates_args=())(
+    _weight_int4pack_mm_eager)
 
 
 @_weight_int4pack_mm_op.register_fake
@@ -106,6 +109,8 @@ def weight_int4pack_mm(x: torch.Tensor, w_packed: torch.Tensor, group_size: int,
     >>> qkern.torch.weight_int4pack_mm(torch.randn(2, 64), w, 32, torch.from_numpy(sz)).shape
     torch.Size([2, 8])
     """
+    if type(group_size) is int and plain_eager(x, w_packed, scales_and_zeros):
+        return _weight_int4pack_mm_eager(x, w_packed, group_size, scales_and_zeros)
     return torch.ops.qkern.weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros)
 
 
@@ -306,7 +311,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + bias`` for ``x`` of shape ``(..., in_features)``."""
-        return torch.ops.qkern.int4_linear(x, self._key)
+        return _int4_linear_op(x, self._key)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from qkern.torch._checks import check_x
-from qkern.torch._interop import TORCH_DTYPES, run_into
+from qkern.torch._interop import TORCH_DTYPES, plain_eager, run_into
 
 __all__ = ["LiveRegistry", "define_linear_op", "load_layer_state"]
 
@@ -42,13 +42,18 @@ class LiveRegistry:
 def define_linear_op(op: str, registry: LiveRegistry):
     """Define the custom op ``op(x, layer) -> Tensor`` (with its fake) that runs
     the qkern linear layer (``shape``, ``dtype``, ``__call__(x, out=,
-    num_threads=)``) registered in ``registry`` under the string ``layer``."""
+    num_threads=)``) registered in ``registry`` under the string ``layer``.
 
-    @torch.library.custom_op(op, mutates_args=())
-    def linear(x: torch.Tensor, layer: str) -> torch.Tensor:
+    Returns ``call(x, layer)``, the module's forward: the op, or where
+    :func:`~qkern.torch._interop.plain_eager` allows, its implementation
+    called directly."""
+
+    def run_layer(x: torch.Tensor, layer: str) -> torch.Tensor:
         lin = registry[layer]
         check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
         return run_into(lin, x, lin.shape[0])
+
+    linear = torch.library.custom_op(op, mutates_args=())(run_layer)
 
     @linear.register_fake
     def _(x, layer):
@@ -56,7 +61,14 @@ def define_linear_op(op: str, registry: LiveRegistry):
         check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
         return x.new_empty(x.shape[:-1] + (lin.shape[0],))
 
-    return linear
+    namespace, name = op.split("::")
+
+    def call(x: torch.Tensor, layer: str) -> torch.Tensor:
+        if plain_eager(x):
+            return run_layer(x, layer)
+        return getattr(getattr(torch.ops, namespace), name)(x, layer)
+
+    return call
 
 
 def load_layer_state(module, state_dict, prefix, local_metadata, strict, missing_keys,

@@ -1,6 +1,7 @@
 """qkern.torch's GEMM ops, ``qkern::weight_int8pack_mm`` and ``qkern::woq_linear``: inputs
 that require grad (no autograd formula), argument errors (eager and at trace time),
-opcheck, torch.compile, torch.export, and torch's flush-to-zero.
+opcheck, torch.compile, torch.export, and torch's flush-to-zero; and which calls of
+all four GEMM ops (the int4 ones too) skip the custom op.
 
 Parity of the op with torch._weight_int8pack_mm over a hypothesis sweep is in
 test_torch_parity.py; the conv ops are in test_torch_qconv.py.
@@ -25,6 +26,80 @@ def test_op_needs_no_autograd_and_runs_on_inputs_that_require_grad():
     assert np.array_equal(bits(y), qkern.weight_int8pack_mm(x, w, s).view(np.uint8))
     with pytest.raises(RuntimeError, match="no autograd formula"):
         y.sum().backward()
+
+
+# ---- plain eager calls skip the custom op --------------------------------------
+
+GEMM_OPS = ["weight_int8pack_mm", "woq_linear", "weight_int4pack_mm", "int4_linear"]
+
+
+def _gemm_call(name: str) -> tuple:
+    """``(x, call, op arguments after x)``: an entry point of op ``name`` on plain CPU
+    tensors, and what ``torch.ops.qkern.<name>`` takes for the same call."""
+    x, w, s = woq_problem(np.dtype(np.float32), m=3, n=40, k=64)
+    tx, tw, ts = to_torch(x), to_torch(w), to_torch(s)
+    if name == "weight_int8pack_mm":
+        return tx, lambda x: qt.weight_int8pack_mm(x, tw, ts), (tw, ts)
+    if name == "woq_linear":
+        layer = qt.WoqLinear(tw, ts)
+        return tx, layer, (layer._key,)
+    q, sz = qkern.quantize_int4(w.astype(np.float32), 32)
+    tq, tsz = torch.from_numpy(qkern.pack_int4(q)), torch.from_numpy(sz)
+    if name == "weight_int4pack_mm":
+        return tx, lambda x: qt.weight_int4pack_mm(x, tq, 32, tsz), (tq, 32, tsz)
+    layer = qt.Int4Linear(tq, 32, tsz)
+    return tx, layer, (layer._key,)
+
+
+class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the name of each op dispatched under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", GEMM_OPS)
+def test_plain_eager_calls_skip_the_op(name, monkeypatch):
+    """Plain CPU tensors in eager mode (grad mode on or off, inference mode) run the
+    op's implementation without the op, with its bits; an input that requires grad
+    under grad mode, a Parameter, and a dispatch mode go through the op."""
+    tx, call, args = _gemm_call(name)
+    expect = getattr(torch.ops.qkern, name)(tx, *args)
+    with _RecordOps() as mode:
+        assert torch.equal(call(tx), expect)
+    assert f"qkern.{name}.default" in mode.names
+
+    def refuse(*args):
+        raise AssertionError(f"the custom op {name} was called")
+
+    monkeypatch.setattr(torch.ops.qkern, name, refuse)
+    assert torch.equal(call(tx), expect)
+    with torch.no_grad():
+        assert torch.equal(call(tx.clone().requires_grad_()), expect)
+    with torch.inference_mode():
+        assert torch.equal(call(tx.clone()), expect)
+    for routed in (tx.clone().requires_grad_(), torch.nn.Parameter(tx.clone())):
+        with pytest.raises(AssertionError, match="custom op"):
+            call(routed)
+    with _RecordOps(), pytest.raises(AssertionError, match="custom op"):
+        call(tx)
+
+
+def test_a_pytorch_without_the_private_hooks_takes_the_op(monkeypatch):
+    """plain_eager asks private PyTorch functions; where one is missing, every call
+    takes the op rather than failing."""
+    from qkern.torch import _interop
+
+    assert _interop.plain_eager(torch.ones(2))
+    monkeypatch.delattr(torch._C, "_len_torch_dispatch_stack")
+    assert _interop._skipping_hooks() is None
+    monkeypatch.setattr(_interop, "_HOOKS", None)
+    assert not _interop.plain_eager(torch.ones(2))
 
 
 def _ok():
