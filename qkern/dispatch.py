@@ -488,10 +488,12 @@ def top_level(dtype, layout: tuple | None = None, weight_format: str = INT8) -> 
     return ISA_LEVELS[max(ISA_LEVELS.index(k.isa) for k in cands)]
 
 
-def _packed_candidates(name: str, layout: tuple | None, weight_format: str) -> list:
-    """The available kernels for dtype ``name`` and ``weight_format`` that
-    read ``layout`` (when given; else a packed layout)."""
-    cands = [k for k in REGISTRY
+def _packed_candidates(name: str, layout: tuple | None, weight_format: str,
+                       registry: tuple | None = None) -> list:
+    """The available kernels of ``registry`` (default ``REGISTRY``) for dtype
+    ``name`` and ``weight_format`` that read ``layout`` (when given; else a
+    packed layout)."""
+    cands = [k for k in (REGISTRY if registry is None else registry)
              if k.available and name in k.dtypes and k.weight_format == weight_format
              and (k.layout == tuple(layout) if layout is not None else k.kind != "unpacked")]
     if not cands:
@@ -536,28 +538,41 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     1.82, 1.99, 2.48 ms, R + 2 to within 15 %.
 
     The choice is remembered for each set of arguments while the settings
-    it reads (the module's read-only mappings and thresholds above, and
-    ``REGISTRY``) stay as they are; replacing one takes effect at the next
-    call.
+    it reads (``REGISTRY``, ``AVX512_BF16_FROM_M_HERE``,
+    ``AVX512_BF16_UNPACKED_FROM_M_HERE``, ``UNPACKED_CALLS``,
+    ``AMX_UNPACKED_FROM_M``, ``AMX_FROM_M``, ``WIDENED_ABOVE_ROW_BLOCKS``,
+    ``DEQUANTIZED_FROM_M``, ``DEQUANTIZED_IN_STATIC_RULE``) stay equal to
+    what they were; replacing one takes effect at the next call.  They are
+    immutable (the mappings read-only); while one is not (a test's plain
+    dict or list), nothing is remembered.
     """
     name = dtype_name(dtype)
-    key = (name, m, None if layout is None else tuple(layout), unpacked_ok, weight_format)
+    layout = None if layout is None else tuple(layout)
     global _choices
     settings, chosen = _choices
-    if settings != _rule_settings():
-        _choices = settings, chosen = _rule_settings(), {}
-    kern = chosen.get(key)
+    now = _rule_settings()
+    if settings != now:
+        _choices = settings, chosen = now, ({} if _immutable(now) else None)
+    kern = None
+    if chosen is not None:
+        try:
+            kern = chosen.get((name, m, layout, unpacked_ok, weight_format))
+        except TypeError:  # an unhashable m: computed, not remembered
+            chosen = None
     if kern is None:
-        if len(chosen) >= _CHOICES_KEPT:
-            chosen.clear()
-        kern = chosen[key] = _static_rule(name, m, layout, unpacked_ok, weight_format)
+        kern = _static_rule(settings, name, m, layout, unpacked_ok, weight_format)
+        if chosen is not None:
+            if len(chosen) >= _CHOICES_KEPT:
+                chosen.clear()
+            chosen[name, m, layout, unpacked_ok, weight_format] = kern
     return _log(kern, name, m)
 
 
-# The static rule's choices, {arguments: kernel}, and the settings they
-# were made under (_rule_settings()); at most _CHOICES_KEPT of them.
+# The static rule's choices, {arguments: kernel} (None: not remembered),
+# and the settings they were made under (_rule_settings()); at most
+# _CHOICES_KEPT of them.
 _CHOICES_KEPT = 4096
-_choices: tuple = ((), {})
+_choices: tuple = ((), None)
 
 
 def _rule_settings() -> tuple:
@@ -567,35 +582,47 @@ def _rule_settings() -> tuple:
             DEQUANTIZED_FROM_M, DEQUANTIZED_IN_STATIC_RULE)
 
 
-def _static_rule(name: str, m: int, layout: tuple | None, unpacked_ok: bool,
+def _immutable(value) -> bool:
+    """Whether ``value`` cannot change in place: an int, str, None or
+    registry entry, or a tuple or read-only mapping of such values."""
+    if isinstance(value, tuple):
+        return all(_immutable(v) for v in value)
+    if isinstance(value, MappingProxyType):
+        return all(_immutable(v) for v in value.values())
+    return value is None or isinstance(value, (int, str, Kernel))
+
+
+def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpacked_ok: bool,
                  weight_format: str) -> Kernel:
-    """:func:`choose_kernel`'s choice for dtype ``name``, computed."""
-    bf16_from = AVX512_BF16_FROM_M_HERE.get(weight_format)
+    """:func:`choose_kernel`'s choice for dtype ``name`` under ``settings``
+    (:func:`_rule_settings`), computed."""
+    (registry, bf16_from_m, bf16_unpacked_from_m, unpacked_calls, amx_unpacked_from_m,
+     amx_from_m, widened_above_row_blocks, dequantized_from_m, dequantized_levels) = settings
+    bf16_from = bf16_from_m.get(weight_format)
     bf16_ok = bf16_from is not None and m >= bf16_from
-    unpacked_from = AVX512_BF16_UNPACKED_FROM_M_HERE
-    unpacked = [k for k in REGISTRY
+    unpacked = [k for k in registry
                 if k.available and name in k.dtypes and k.weight_format == weight_format
                 and k.kind == "unpacked" and k.isa != "ref"
-                and (k.isa != "avx512_bf16" or (unpacked_from is not None and m >= unpacked_from))]
+                and (k.isa != "avx512_bf16"
+                     or (bf16_unpacked_from_m is not None and m >= bf16_unpacked_from_m))]
     if unpacked_ok and layout is None and unpacked:
         unpacked.sort(key=lambda k: ISA_LEVELS.index(k.isa), reverse=True)
         kern = unpacked[0]
-        if kern.isa == "amx" and len(unpacked) > 1 and m < AMX_UNPACKED_FROM_M[name]:
+        if kern.isa == "amx" and len(unpacked) > 1 and m < amx_unpacked_from_m[name]:
             kern = unpacked[1]
-        if m <= UNPACKED_CALLS[kern.isa] * kern.mr:
+        if m <= unpacked_calls[kern.isa] * kern.mr:
             return kern
-    cands = _packed_candidates(name, layout, weight_format)
+    cands = _packed_candidates(name, layout, weight_format, registry)
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
     levels = [v for v in levels if ISA_LEVELS[v] != "avx512_bf16" or bf16_ok] or levels
     top = levels[0]
-    if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < AMX_FROM_M[weight_format][name]:
+    if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < amx_from_m[weight_format][name]:
         top = levels[1]
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
-    widened_above = WIDENED_ABOVE_ROW_BLOCKS.get(ISA_LEVELS[top], {}).get(weight_format)
+    widened_above = widened_above_row_blocks.get(ISA_LEVELS[top], {}).get(weight_format)
     widened = [k for k in cands
                if (k.widened and widened_above is not None and m > widened_above * k.mr)
-               or (k.dequantizes and m >= DEQUANTIZED_FROM_M
-                   and k.isa in DEQUANTIZED_IN_STATIC_RULE)]
+               or (k.dequantizes and m >= dequantized_from_m and k.isa in dequantized_levels)]
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands
     if widened:
         return widened[-1]

@@ -339,10 +339,25 @@ def test_remembered_choices_are_the_rules_and_follow_a_replaced_setting(monkeypa
     for args in calls + calls[::-1]:
         dtype, m, layout, unpacked_ok, fmt = args
         kern = dispatch.choose_kernel(dtype, m, layout, unpacked_ok, fmt)
-        assert kern == dispatch._static_rule(dtype, m, layout, unpacked_ok, fmt), args
+        assert kern == dispatch._static_rule(dispatch._rule_settings(), dtype, m,
+                                             None if layout is None else tuple(layout),
+                                             unpacked_ok, fmt), args
         assert len(dispatch._choices[1]) <= 16
     first = dispatch.choose_kernel("float32", 1)
     monkeypatch.setattr(dispatch, "REGISTRY", tuple(k for k in dispatch.REGISTRY if k != first))
+    assert dispatch.choose_kernel("float32", 1) not in (None, first)
+    monkeypatch.undo()
+    assert dispatch.choose_kernel("float32", 1) == first
+    assert dispatch.choose_kernel("float32", np.array(1)) == first  # unhashable: computed
+
+
+def test_a_setting_replaced_by_a_plain_dict_is_read_on_every_call(monkeypatch):
+    """A mutable setting (a test's plain dict or list) turns the remembering off, so
+    that a change made to it in place takes effect too."""
+    registry = [k for k in dispatch.REGISTRY]
+    monkeypatch.setattr(dispatch, "REGISTRY", registry)
+    first = dispatch.choose_kernel("float32", 1)
+    registry.remove(first)
     assert dispatch.choose_kernel("float32", 1) not in (None, first)
     monkeypatch.undo()
     assert dispatch.choose_kernel("float32", 1) == first
