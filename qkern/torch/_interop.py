@@ -31,22 +31,35 @@ TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
 
 def _skipping_hooks():
-    """The private PyTorch functions :func:`plain_eager` asks, and the
-    dispatch keys of a plain dense CPU tensor made outside and inside
-    ``torch.inference_mode()`` (an inference tensor has no autograd keys);
-    None where this PyTorch lacks one of them: every call then takes the op."""
-    c = torch._C
-    names = ("_len_torch_function_stack", "_len_torch_dispatch_stack",
-             "_are_functorch_transforms_active", "_dispatch_keys")
-    if not all(hasattr(c, name) for name in names) or not hasattr(torch.autograd.profiler,
-                                                                    "_is_profiler_enabled"):
+    """The private PyTorch functions :func:`plain_eager` asks: whether a
+    TorchFunction mode, a TorchDispatch mode or a functorch transform is
+    active, whether the JIT tracer or a profiler runs, and a tensor's
+    dispatch keys; None where this PyTorch lacks one of them (every call
+    then takes the op)."""
+    try:
+        return (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack,
+                torch._C._are_functorch_transforms_active, torch._C._get_tracing_state,
+                torch._C._autograd._profiler_enabled, torch._C._dispatch_keys)
+    except AttributeError:
         return None
-    with torch.inference_mode():
-        inference = c._dispatch_keys(torch.empty(0))
-    return (*(getattr(c, name) for name in names), (c._dispatch_keys(torch.empty(0)), inference))
 
 
 _HOOKS = _skipping_hooks()
+_plain_keys: tuple = ()  # see _plain_dispatch_keys
+
+
+def _plain_dispatch_keys(dispatch_keys) -> tuple:
+    """The dispatch keys of a plain dense CPU tensor made outside and inside
+    ``torch.inference_mode()`` (an inference tensor has no autograd keys).
+    Made on the first call that asks, which :func:`plain_eager` makes only
+    when no mode is active (one, at import, could make a meta or fake
+    tensor)."""
+    global _plain_keys
+    if not _plain_keys:
+        with torch.inference_mode():
+            inference = dispatch_keys(torch.empty(0, device="cpu"))
+        _plain_keys = (dispatch_keys(torch.empty(0, device="cpu")), inference)
+    return _plain_keys
 
 
 def plain_eager(*tensors) -> bool:
@@ -54,21 +67,23 @@ def plain_eager(*tensors) -> bool:
     qkern directly, with the same result and errors.
 
     True for plain dense CPU tensors (inference tensors included) in eager
-    mode, when no gradient is to be recorded and nothing watches or
-    transforms the call: not while ``torch.compile`` or ``torch.export``
-    traces, under a ``TorchFunctionMode`` or ``TorchDispatchMode`` (fake
-    tensors, ``FlopCounterMode``, a default device), a functorch transform
-    or the profiler, nor for tensor subclasses, meta or other devices, or
-    inputs that require grad while grad mode is on.  Those go through the
-    op, which records itself (and refuses a backward pass) as before.
+    mode, when no gradient is to be recorded and nothing traces, watches or
+    transforms the call: not while ``torch.compile``, ``torch.export`` or
+    ``torch.jit.trace`` traces, under a ``TorchFunctionMode`` or
+    ``TorchDispatchMode`` (fake tensors, ``FlopCounterMode``, a default
+    device), a functorch transform or a profiler, nor for tensor
+    subclasses, meta or other devices, or inputs that require grad while
+    grad mode is on.  Those go through the op, which records itself (and
+    refuses a backward pass) as before.
     """
     if _HOOKS is None or torch.compiler.is_compiling():
         return False
-    function_modes, dispatch_modes, transforms, dispatch_keys, plain_keys = _HOOKS
-    if (function_modes() or dispatch_modes() or transforms()
-            or torch.autograd.profiler._is_profiler_enabled):
+    function_modes, dispatch_modes, transforms, tracing, profiling, dispatch_keys = _HOOKS
+    if (function_modes() or dispatch_modes() or transforms() or tracing() is not None
+            or profiling()):
         return False
     grad = torch.is_grad_enabled()
+    plain_keys = _plain_keys or _plain_dispatch_keys(dispatch_keys)
     for t in tensors:
         if (type(t) is not torch.Tensor or dispatch_keys(t) not in plain_keys
                 or (grad and t.requires_grad)):

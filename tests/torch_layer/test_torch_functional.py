@@ -67,7 +67,8 @@ class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
 def test_plain_eager_calls_skip_the_op(name, monkeypatch):
     """Plain CPU tensors in eager mode (grad mode on or off, inference mode) run the
     op's implementation without the op, with its bits; an input that requires grad
-    under grad mode, a Parameter, and a dispatch mode go through the op."""
+    under grad mode, a Parameter, a dispatch mode, the profilers and torch.jit.trace
+    go through the op."""
     tx, call, args = _gemm_call(name)
     expect = getattr(torch.ops.qkern, name)(tx, *args)
     with _RecordOps() as mode:
@@ -88,6 +89,11 @@ def test_plain_eager_calls_skip_the_op(name, monkeypatch):
             call(routed)
     with _RecordOps(), pytest.raises(AssertionError, match="custom op"):
         call(tx)
+    for profiler in (torch.profiler.profile, torch.autograd.profiler_legacy.profile):
+        with profiler(), pytest.raises(AssertionError, match="custom op"):
+            call(tx)
+    with torch.no_grad(), pytest.raises(AssertionError, match="custom op"):
+        torch.jit.trace(call, tx)
 
 
 def test_a_pytorch_without_the_private_hooks_takes_the_op(monkeypatch):
