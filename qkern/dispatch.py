@@ -544,7 +544,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     ``DEQUANTIZED_FROM_M``, ``DEQUANTIZED_IN_STATIC_RULE``) stay equal to
     what they were; replacing one takes effect at the next call.  They are
     immutable (the mappings read-only); while one is not (a test's plain
-    dict or list), nothing is remembered.
+    dict or list), nothing is remembered.  (A read-only mapping over a dict
+    that its maker still edits is not noticed: replace a setting, never
+    edit one.)
     """
     name = dtype_name(dtype)
     layout = None if layout is None else tuple(layout)

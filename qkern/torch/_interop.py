@@ -56,9 +56,11 @@ def _plain_dispatch_keys(dispatch_keys) -> tuple:
     tensor)."""
     global _plain_keys
     if not _plain_keys:
+        with torch.inference_mode(False):  # whatever the caller's mode
+            normal = dispatch_keys(torch.empty(0, device="cpu"))
         with torch.inference_mode():
             inference = dispatch_keys(torch.empty(0, device="cpu"))
-        _plain_keys = (dispatch_keys(torch.empty(0, device="cpu")), inference)
+        _plain_keys = (normal, inference)
     return _plain_keys
 
 

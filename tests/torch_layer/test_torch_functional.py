@@ -108,6 +108,30 @@ def test_a_pytorch_without_the_private_hooks_takes_the_op(monkeypatch):
     assert not _interop.plain_eager(torch.ones(2))
 
 
+def test_the_plain_keys_do_not_depend_on_the_first_calls_mode(monkeypatch):
+    """The dispatch keys of a plain tensor are made on the first call that asks: one
+    under inference mode, or one under torch.device('meta') (which takes the op),
+    leaves ordinary tensors on the shortcut afterwards."""
+    from qkern.torch import _interop
+
+    tx, call, args = _gemm_call("woq_linear")
+    expect = torch.ops.qkern.woq_linear(tx, *args)
+
+    def refuse(*args):
+        raise AssertionError("the custom op woq_linear was called")
+
+    for first_mode in (torch.inference_mode, lambda: torch.device("meta")):
+        monkeypatch.setattr(_interop, "_plain_keys", ())
+        with first_mode():
+            _interop.plain_eager(torch.ones(2, device="cpu"))
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.ops.qkern, "woq_linear", refuse)
+            with torch.no_grad():
+                assert torch.equal(call(tx), expect)
+            with torch.inference_mode():
+                assert torch.equal(call(tx.clone()), expect)
+
+
 def _ok():
     return (torch.ones(2, 4), torch.ones(3, 4, dtype=torch.int8), torch.ones(3))
 

@@ -351,6 +351,17 @@ def test_remembered_choices_are_the_rules_and_follow_a_replaced_setting(monkeypa
     assert dispatch.choose_kernel("float32", np.array(1)) == first  # unhashable: computed
 
 
+def test_the_rule_reads_the_settings_it_is_given():
+    """The rule computes from the snapshot of settings its choice is remembered
+    under, not from the module's settings of the moment (which another thread may
+    replace meanwhile)."""
+    settings = dispatch._rule_settings()
+    first = dispatch._static_rule(settings, "float32", 1, None, False, dispatch.INT8)
+    fewer = (tuple(k for k in dispatch.REGISTRY if k != first),) + settings[1:]
+    assert dispatch._static_rule(fewer, "float32", 1, None, False, dispatch.INT8) != first
+    assert dispatch.choose_kernel("float32", 1) == first
+
+
 def test_a_setting_replaced_by_a_plain_dict_is_read_on_every_call(monkeypatch):
     """A mutable setting (a test's plain dict or list) turns the remembering off, so
     that a change made to it in place takes effect too."""
