@@ -39,8 +39,9 @@ qkern's public API):
 
 ``_interop``
     Tensors to and from qkern without copies: NumPy views, dtype maps,
-    result tensors, quantized tensors' int8 memory; and when a GEMM op's
-    call may skip the op and run qkern directly (``plain_eager``).
+    result tensors, quantized tensors' int8 memory; and the GEMM ops'
+    definition with an entry that skips the op where nothing needs it
+    (``define_op``, ``plain_eager``).
 ``_checks``
     The ops' argument checks, shared by their eager and fake
     implementations, and the arguments in the form the ops' schemas take.

@@ -17,11 +17,11 @@ from qkern.qconv import as_float
 from qkern.torch._checks import check_mm, conv_args, conv_shape, pads, scale_tensor
 from qkern.torch._interop import (
     as_numpy,
+    define_op,
     host,
     int8_view,
     new_output,
     nhwc,
-    plain_eager,
     run_into,
     unquantize,
 )
@@ -37,8 +37,8 @@ def _weight_int8pack_mm_eager(x: torch.Tensor, w: torch.Tensor,
                     x, w.shape[0])
 
 
-_weight_int8pack_mm_op = torch.library.custom_op("qkern::weight_int8pack_mm", mutates_args=())(
-    _weight_int8pack_mm_eager)
+_weight_int8pack_mm_op, _weight_int8pack_mm_call = define_op("qkern::weight_int8pack_mm",
+                                                              _weight_int8pack_mm_eager)
 
 
 @_weight_int8pack_mm_op.register_fake
@@ -97,9 +97,7 @@ def weight_int8pack_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -
     >>> qkern.torch.weight_int8pack_mm(x, w, torch.tensor([0.5, 1.0]))
     tensor([[-1., 12.]])
     """
-    if plain_eager(x, w, scales):
-        return _weight_int8pack_mm_eager(x, w, scales)
-    return torch.ops.qkern.weight_int8pack_mm(x, w, scales)
+    return _weight_int8pack_mm_call(x, w, scales)
 
 
 # ---- int8 conv2d -------------------------------------------------------------------

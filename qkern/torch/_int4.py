@@ -20,7 +20,7 @@ from torch import nn
 
 import qkern
 from qkern.torch._checks import check_type, check_value, check_x
-from qkern.torch._interop import DTYPES, TORCH_DTYPES, as_numpy, from_numpy, plain_eager, run_into
+from qkern.torch._interop import DTYPES, TORCH_DTYPES, as_numpy, define_op, from_numpy, run_into
 from qkern.torch._registry import LiveRegistry, define_linear_op, load_layer_state
 
 __all__ = ["Int4Linear", "int4_from_torch_packed", "weight_int4pack_mm"]
@@ -64,8 +64,8 @@ def _weight_int4pack_mm_eager(x: torch.Tensor, w_packed: torch.Tensor, group_siz
                     x, scales_and_zeros.shape[1])
 
 
-_weight_int4pack_mm_op = torch.library.custom_op("qkern::weight_int4pack_mm", mutates_args=())(
-    _weight_int4pack_mm_eager)
+_weight_int4pack_mm_op, _weight_int4pack_mm_call = define_op("qkern::weight_int4pack_mm",
+                                                              _weight_int4pack_mm_eager)
 
 
 @_weight_int4pack_mm_op.register_fake
@@ -109,9 +109,7 @@ def weight_int4pack_mm(x: torch.Tensor, w_packed: torch.Tensor, group_size: int,
     >>> qkern.torch.weight_int4pack_mm(torch.randn(2, 64), w, 32, torch.from_numpy(sz)).shape
     torch.Size([2, 8])
     """
-    if type(group_size) is int and plain_eager(x, w_packed, scales_and_zeros):
-        return _weight_int4pack_mm_eager(x, w_packed, group_size, scales_and_zeros)
-    return torch.ops.qkern.weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros)
+    return _weight_int4pack_mm_call(x, w_packed, group_size, scales_and_zeros)
 
 
 # ---- PyTorch's packed int4 --------------------------------------------------------

@@ -10,9 +10,9 @@ Quantized (qint8) tensors are read and written through int8 views of their
 own memory.
 
 :func:`plain_eager` tells when a GEMM op's entry point may run qkern
-directly instead of calling its custom op: the op's trip through PyTorch's
+directly instead of calling its custom op (the op's trip through PyTorch's
 dispatcher costs about 30 microseconds a call, a tenth of a one-row layer's
-time at 4096 x 4096.
+time at 4096 x 4096); :func:`define_op` defines such an op and its entry.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-__all__ = ["DTYPES", "TORCH_DTYPES", "as_numpy", "from_numpy", "host", "int8_view", "new_output",
-           "nhwc", "plain_eager", "run_into", "unquantize"]
+__all__ = ["DTYPES", "TORCH_DTYPES", "as_numpy", "define_op", "from_numpy", "host", "int8_view",
+           "new_output", "nhwc", "plain_eager", "run_into", "unquantize"]
 
 # Activation dtypes, torch -> NumPy.
 DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
@@ -91,6 +91,25 @@ def plain_eager(*tensors) -> bool:
                 or (grad and t.requires_grad)):
             return False
     return True
+
+
+def define_op(op: str, impl) -> tuple:
+    """Define the custom op ``op`` (``"namespace::name"``) from ``impl``,
+    whose annotations give its schema; returns ``(the op, call)``.
+
+    ``call(*args)`` runs ``impl`` itself where :func:`plain_eager` allows it
+    for the arguments that are not plain ints or strings, and otherwise the
+    op, looked up in ``torch.ops`` at the call (so that a compiled graph
+    holds its packet)."""
+    defined = torch.library.custom_op(op, mutates_args=())(impl)
+    namespace, name = op.split("::")
+
+    def call(*args):
+        if plain_eager(*(a for a in args if type(a) not in (int, str))):
+            return impl(*args)
+        return getattr(getattr(torch.ops, namespace), name)(*args)
+
+    return defined, call
 
 
 def as_numpy(name: str, t) -> np.ndarray:

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from qkern.torch._checks import check_x
-from qkern.torch._interop import TORCH_DTYPES, plain_eager, run_into
+from qkern.torch._interop import TORCH_DTYPES, define_op, run_into
 
 __all__ = ["LiveRegistry", "define_linear_op", "load_layer_state"]
 
@@ -46,27 +46,20 @@ def define_linear_op(op: str, registry: LiveRegistry):
 
     Returns ``call(x, layer)``, the module's forward: the op, or where
     :func:`~qkern.torch._interop.plain_eager` allows, its implementation
-    called directly."""
+    called directly (:func:`~qkern.torch._interop.define_op`)."""
 
     def run_layer(x: torch.Tensor, layer: str) -> torch.Tensor:
         lin = registry[layer]
         check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
         return run_into(lin, x, lin.shape[0])
 
-    linear = torch.library.custom_op(op, mutates_args=())(run_layer)
+    linear, call = define_op(op, run_layer)
 
     @linear.register_fake
     def _(x, layer):
         lin = registry[layer]
         check_x(x, lin.shape[1], TORCH_DTYPES[lin.dtype])
         return x.new_empty(x.shape[:-1] + (lin.shape[0],))
-
-    namespace, name = op.split("::")
-
-    def call(x: torch.Tensor, layer: str) -> torch.Tensor:
-        if plain_eager(x):
-            return run_layer(x, layer)
-        return getattr(getattr(torch.ops, namespace), name)(x, layer)
 
     return call
 
