@@ -39,7 +39,7 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const
       qk512_qb4w_widen_f32(wk + s * group_size * 16 + p * panel_bytes, table, &q0, &q1);
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
-        const __m512 xv = _mm512_set1_ps(ar[i][k + s * group_size]);
+        const __m512 xv = qk512_broadcast(&ar[i][k + s * group_size]);
         ps[i][2 * P * s + 2 * p] = _mm512_fmadd_ps(xv, q0, ps[i][2 * P * s + 2 * p]);
         ps[i][2 * P * s + 2 * p + 1] = _mm512_fmadd_ps(xv, q1, ps[i][2 * P * s + 2 * p + 1]);
       }

@@ -33,7 +33,7 @@ QK_INLINE void f32dq_rows(const size_t R, const qk_dtype DT, size_t nc, size_t k
       _mm_prefetch((const char*)wk + 64 + QK_PREFETCH_BYTES, _MM_HINT_T0);
       const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
       for (size_t i = 0; i < R; i++) {
-        const __m512 xv = _mm512_set1_ps(a[i][k]);
+        const __m512 xv = qk512_broadcast(&a[i][k]);
         acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
         acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
       }

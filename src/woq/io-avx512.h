@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "sanitize.h"
 #include "scalar-convert.h"
@@ -21,6 +22,16 @@
 #else
 #define QK512_IN_REGISTER(v) (void)(v)
 #endif
+
+/* The float at p in every lane, broadcast as its 32 bits: on a Zen 4 the
+ * integer broadcast from memory (vpbroadcastd) runs beside the FMAs, where
+ * vbroadcastss, what _mm512_set1_ps of a loaded float compiles to, takes a
+ * slot of the permutation ports, one of which the FMAs share. */
+QK_INLINE __m512 qk512_broadcast(const float* p) {
+  int32_t bits;
+  memcpy(&bits, p, sizeof bits);
+  return _mm512_castsi512_ps(_mm512_set1_epi32(bits));
+}
 
 /* 16 int8 at p -> 16 f32 (exact). */
 QK_INLINE __m512 qk512_i8_to_f32(const int8_t* p) {

@@ -131,7 +131,7 @@ QK_INLINE void qk512_qb4w_apply_groups(const size_t MR, const size_t P, const si
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
         acc[i][v] = _mm512_fmadd_ps(ps[i][2 * P * s + v], sc, acc[i][v]);
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(ar[i][kc + g + s]), zp, acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(qk512_broadcast(&ar[i][kc + g + s]), zp, acc[i][v]);
       }
     }
   }
