@@ -9,6 +9,7 @@ choice to stderr.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -28,24 +29,21 @@ def _read_only(settings: dict) -> MappingProxyType:
                              for key, value in settings.items()})
 
 
-# The M from which the static rule takes a level's kernel on int4 weights
-# the driver dequantizes to float32 (compute f32dq_qb4w), where many rows
-# share each dequantized chunk and no group sums are left.  Measured on a
-# Zen 3 against f32_qb4w (4096² and 11008 x 4096, groups of 128, float32,
-# its time over f32_qb4w's, Int4Linear layers forced to each kernel, calls
-# alternating, min of 3 to 15): 1.12-1.37 at M <= 16, 0.98-1.05
-# at 24 and 32, 0.89-0.95 at 48 and 64, 0.85-0.92 at 128 and 256, on one
-# and two threads.
-DEQUANTIZED_FROM_M = 48
-
-# The ISA levels whose kernel on dequantized int4 weights the static rule
-# takes (from DEQUANTIZED_FROM_M): those where it was measured against the
-# level's kernel on packed int4.  AVX-512: on a Zen 4 (4096 x 4096, groups
-# of 128, float32, weights cold, min of 8, side by side) f32dq_qb4w took
-# 0.96 of f32_qb4w's time at M = 48 (16.4 against 17.1 ms, one thread;
-# two 0.94), 0.90 at 128 (40.4 against 44.8), 0.86 at 512, 0.90 at
-# 11008 x 4096, M = 128, and lost below (1.07 at 16, 2.0-2.5 at 1-2).
-DEQUANTIZED_IN_STATIC_RULE = ("avx2", "avx512")
+# Per ISA level, the M from which the static rule takes its kernel on int4
+# weights the driver dequantizes to float32 (compute f32dq_qb4w), where
+# many rows share each dequantized chunk and no group sums are left; a
+# level not listed keeps its kernel on packed int4.  Each was measured
+# against the level's kernel on packed int4 (f32_qb4w; groups of 128,
+# float32, Int4Linear layers forced to each kernel, calls alternating),
+# its time over f32_qb4w's.  AVX2, on a Zen 3 (4096² and 11008 x 4096,
+# min of 3 to 15): 1.12-1.37 at M <= 16, 0.98-1.05 at 24 and 32,
+# 0.89-0.95 at 48 and 64, 0.85-0.92 at 128 and 256, on one and two
+# threads.  AVX-512, on a Zen 4 since f32_qb4w broadcasts x with
+# vpbroadcastd (medians of 10, weights in L3): 4096², one thread, 1.28 at
+# M = 16, 1.07 at 48, 1.04 at 64, 0.99 at 128, 0.98 at 256 (two threads
+# 1.32, 1.08, 1.08, 0.98, 0.99); 11008 x 4096, one thread, 1.07 at 48,
+# 1.05 at 64, 1.04 at 128, 0.98 at 256.
+DEQUANTIZED_FROM_M = _read_only({"avx2": 48, "avx512": 128})
 
 # How many calls of the highest level's kernel on the unpacked weight
 # (layout (1, 0)) the functional op makes before it packs the weight
@@ -527,8 +525,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     ``WIDENED_ABOVE_ROW_BLOCKS``, a kernel on driver-widened panels when
     ``m`` needs more than that many of its row blocks (the widening is then
     shared, and a partial last block costs only its rows), and on the
-    levels of ``DEQUANTIZED_IN_STATIC_RULE`` a kernel on dequantized int4
-    weights from ``DEQUANTIZED_FROM_M`` rows; otherwise the kernel on
+    levels of ``DEQUANTIZED_FROM_M`` a kernel on dequantized int4 weights
+    from the level's number of rows there; otherwise the kernel on
     packed panels that makes the fewest passes over the weight,
     ``ceil(m / MR)``, the narrower on a tie.  Every such kernel is
     specialised for each row count, so a pass of R rows costs about R + 2
@@ -541,7 +539,7 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     it reads (``REGISTRY``, ``AVX512_BF16_FROM_M_HERE``,
     ``AVX512_BF16_UNPACKED_FROM_M_HERE``, ``UNPACKED_CALLS``,
     ``AMX_UNPACKED_FROM_M``, ``AMX_FROM_M``, ``WIDENED_ABOVE_ROW_BLOCKS``,
-    ``DEQUANTIZED_FROM_M``, ``DEQUANTIZED_IN_STATIC_RULE``) stay equal to
+    ``DEQUANTIZED_FROM_M``) stay equal to
     what they were; replacing one takes effect at the next call.  They are
     immutable (the mappings read-only); while one is not (a test's plain
     dict or list), nothing is remembered.  (A read-only mapping over a dict
@@ -581,7 +579,7 @@ def _rule_settings() -> tuple:
     """The module settings the static rule reads, as they are now."""
     return (REGISTRY, AVX512_BF16_FROM_M_HERE, AVX512_BF16_UNPACKED_FROM_M_HERE,
             UNPACKED_CALLS, AMX_UNPACKED_FROM_M, AMX_FROM_M, WIDENED_ABOVE_ROW_BLOCKS,
-            DEQUANTIZED_FROM_M, DEQUANTIZED_IN_STATIC_RULE)
+            DEQUANTIZED_FROM_M)
 
 
 def _immutable(value) -> bool:
@@ -599,7 +597,7 @@ def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpac
     """:func:`choose_kernel`'s choice for dtype ``name`` under ``settings``
     (:func:`_rule_settings`), computed."""
     (registry, bf16_from_m, bf16_unpacked_from_m, unpacked_calls, amx_unpacked_from_m,
-     amx_from_m, widened_above_row_blocks, dequantized_from_m, dequantized_levels) = settings
+     amx_from_m, widened_above_row_blocks, dequantized_from_m) = settings
     bf16_from = bf16_from_m.get(weight_format)
     bf16_ok = bf16_from is not None and m >= bf16_from
     unpacked = [k for k in registry
@@ -624,7 +622,7 @@ def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpac
     widened_above = widened_above_row_blocks.get(ISA_LEVELS[top], {}).get(weight_format)
     widened = [k for k in cands
                if (k.widened and widened_above is not None and m > widened_above * k.mr)
-               or (k.dequantizes and m >= dequantized_from_m and k.isa in dequantized_levels)]
+               or (k.dequantizes and m >= dequantized_from_m.get(k.isa, math.inf))]
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands
     if widened:
         return widened[-1]

@@ -277,8 +277,9 @@ def test_packed_int8_kernel_makes_the_fewest_passes(avx2_registry):
 def test_int4_dequantized_kernel_from_its_m(avx2_registry):
     """On the AVX2 level (every kernel up to it available, as on an AVX2
     CPU), int4 takes the kernel on dequantized weights from
-    DEQUANTIZED_FROM_M rows and the group-sum kernel below, every dtype."""
-    edge = dispatch.DEQUANTIZED_FROM_M
+    DEQUANTIZED_FROM_M["avx2"] rows and the group-sum kernel below, every
+    dtype."""
+    edge = dispatch.DEQUANTIZED_FROM_M["avx2"]
     for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
         for m, want in ((1, "f32_qb4w_gemm_6x32c1__avx2"), (edge - 1, "f32_qb4w_gemm_6x32c1__avx2"),
                         (edge, "f32dq_qb4w_gemm_6x32c1__avx2"),
@@ -292,13 +293,13 @@ def test_int4_dequantized_kernel_from_its_m(avx2_registry):
 def test_dequantized_int4_kernel_on_avx512_from_its_m(monkeypatch, level, packed, dequantized):
     """With every kernel up to AVX-512 (or AVX-512-BF16) available: float32
     and float16 int4 take the AVX-512 kernel on dequantized weights from
-    DEQUANTIZED_FROM_M rows; bfloat16 on an AVX-512-BF16 AMD CPU keeps the
+    DEQUANTIZED_FROM_M["avx512"] rows; bfloat16 on an AVX-512-BF16 AMD CPU keeps the
     vdpbf16ps kernel on packed int4 (that level has no dequantizing one)."""
     _registry_up_to(monkeypatch, level)
     monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
                         dispatch.AVX512_BF16_FROM_M["AuthenticAMD"])
-    assert dispatch.DEQUANTIZED_IN_STATIC_RULE == ("avx2", "avx512")
-    edge = dispatch.DEQUANTIZED_FROM_M
+    assert set(dispatch.DEQUANTIZED_FROM_M) == {"avx2", "avx512"}
+    edge = dispatch.DEQUANTIZED_FROM_M["avx512"]
     for dtype in (np.float32, np.float16):
         for m, want in ((1, packed), (edge - 1, packed), (edge, dequantized), (1000, dequantized)):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want, m
@@ -311,7 +312,7 @@ def test_dequantized_int4_kernel_on_avx512_from_its_m(monkeypatch, level, packed
 @pytest.mark.parametrize("setting", ["UNPACKED_CALLS", "AMX_UNPACKED_FROM_M",
                                      "WIDENED_ABOVE_ROW_BLOCKS", "AMX_FROM_M",
                                      "AVX512_BF16_FROM_M", "AVX512_BF16_UNPACKED_FROM_M",
-                                     "AVX512_BF16_FROM_M_HERE"])
+                                     "AVX512_BF16_FROM_M_HERE", "DEQUANTIZED_FROM_M"])
 def test_static_rule_settings_are_read_only(setting):
     """The rule's mappings (and the ones in them) refuse changes in place: the
     remembered choices follow a setting replaced, never one edited."""
