@@ -1,0 +1,121 @@
+/*
+ * port_mix.c -- throughput of the zmm instructions the AVX-512 WoQ kernels
+ * issue, alone and in pairs, in core cycles (clock measured by a chain of
+ * dependent integer adds, one per cycle).  Two instructions that share no
+ * port run a mix of 4 + 4 in the time of 4 alone; two that share every
+ * port, in the time of 8.  Build and run on a CPU with AVX-512-BF16:
+ *
+ *   cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma \
+ *       benchmarks/port_mix.c -o port_mix && ./port_mix
+ *
+ * Each loop iteration issues eight independent instructions on inputs an
+ * empty asm statement keeps in registers, their results consumed by
+ * another, so no dependency chain limits them; memory operands (the
+ * broadcasts, the zero-extension) read 256 bytes in L1 through a pointer
+ * the compiler cannot hoist, a different address for each.
+ */
+#include <immintrin.h>
+#include <stdio.h>
+#include <time.h>
+
+#define ITERATIONS 20000000L
+
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Core cycles per second: four dependent adds per iteration. */
+static double clock_hz(void) {
+  long x = 0;
+  double best = 1e30;
+  for (int r = 0; r < 5; r++) {
+    const double t0 = seconds();
+    for (long i = 0; i < 4 * ITERATIONS; i++)
+      __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+    const double dt = seconds() - t0;
+    if (dt < best) best = dt;
+  }
+  return 16.0 * ITERATIONS / best;
+}
+
+#define KEEP(v) __asm__ volatile("" : "+v"(v))
+#define USE(v) __asm__ volatile("" ::"v"(v))
+
+static int line[64] __attribute__((aligned(64))); /* 8 x 32 bytes */
+
+/* The instructions, each on register r (or the L1 line) with t. */
+#define VPERMW(r, n) USE(_mm512_permutexvar_epi16(r, t));
+#define VPERMPS(r, n) USE(_mm512_permutexvar_ps(r, _mm512_castsi512_ps(t)));
+#define VPERMT2W(r, n) USE(_mm512_permutex2var_epi16(r, t, u));
+#define VPSRLW(r, n) USE(_mm512_srli_epi16(r, 4));
+#define VCVTDQ2PS(r, n) USE(_mm512_cvtepi32_ps(r));
+#define VPMOVZXBW(r, n) USE(_mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)p + n)));
+#define VFMADD(r, n) \
+  USE(_mm512_fmadd_ps(_mm512_castsi512_ps(r), _mm512_castsi512_ps(t), _mm512_castsi512_ps(u)));
+#define VDPBF16PS(r, n) USE(_mm512_dpbf16_ps(_mm512_castsi512_ps(r), (__m512bh)t, (__m512bh)u));
+#define VBROADCASTSS(r, n) USE(_mm512_set1_ps(((const float*)p)[n]));
+#define VPBROADCASTD(r, n) USE(_mm512_set1_epi32(((const int*)p)[n]));
+
+#define FOUR(OP, a, b, c, d, n) OP(a, n) OP(b, n + 1) OP(c, n + 2) OP(d, n + 3)
+
+/* Cycles per iteration of eight instructions: FIRST on four registers,
+ * SECOND on four more. */
+#define MIX(FIRST, SECOND)                                                                   \
+  do {                                                                                       \
+    __m512i r0 = _mm512_set1_epi32(1), r1 = _mm512_set1_epi32(2), r2 = _mm512_set1_epi32(3), \
+            r3 = _mm512_set1_epi32(4), r4 = _mm512_set1_epi32(5), r5 = _mm512_set1_epi32(6), \
+            r6 = _mm512_set1_epi32(7), r7 = _mm512_set1_epi32(8);                            \
+    __m512i t = _mm512_set1_epi16(0x3f80), u = _mm512_set1_epi16(0x4000);                    \
+    const char* p = (const char*)line;                                                       \
+    double best = 1e30;                                                                      \
+    for (int rep = 0; rep < 5; rep++) {                                                      \
+      const double t0 = seconds();                                                           \
+      for (long i = 0; i < ITERATIONS; i++) {                                                \
+        KEEP(r0);                                                                            \
+        KEEP(r1);                                                                            \
+        KEEP(r2);                                                                            \
+        KEEP(r3);                                                                            \
+        KEEP(r4);                                                                            \
+        KEEP(r5);                                                                            \
+        KEEP(r6);                                                                            \
+        KEEP(r7);                                                                            \
+        KEEP(t);                                                                             \
+        KEEP(u);                                                                             \
+        __asm__ volatile("" : "+r"(p));                                                      \
+        FOUR(FIRST, r0, r1, r2, r3, 0) FOUR(SECOND, r4, r5, r6, r7, 4)                       \
+      }                                                                                      \
+      const double dt = seconds() - t0;                                                      \
+      if (dt < best) best = dt;                                                              \
+    }                                                                                        \
+    printf("%-14s + %-14s %6.2f\n", #FIRST, #SECOND, best* hz / ITERATIONS);                 \
+  } while (0)
+
+int main(void) {
+  const double hz = clock_hz();
+  printf(
+      "clock %.2f GHz; cycles per 4 + 4 instructions (4: no shared port, 8: all "
+      "shared)\n",
+      hz * 1e-9);
+  MIX(VPERMW, VPERMW);
+  MIX(VPERMPS, VPERMPS);
+  MIX(VPMOVZXBW, VPMOVZXBW);
+  MIX(VPSRLW, VPSRLW);
+  MIX(VCVTDQ2PS, VCVTDQ2PS);
+  MIX(VFMADD, VFMADD);
+  MIX(VDPBF16PS, VDPBF16PS);
+  MIX(VBROADCASTSS, VBROADCASTSS);
+  MIX(VPBROADCASTD, VPBROADCASTD);
+  MIX(VPERMW, VPMOVZXBW);
+  MIX(VPERMW, VPSRLW);
+  MIX(VPERMW, VDPBF16PS);
+  MIX(VPERMT2W, VDPBF16PS);
+  MIX(VPERMPS, VFMADD);
+  MIX(VCVTDQ2PS, VFMADD);
+  MIX(VPSRLW, VFMADD);
+  MIX(VBROADCASTSS, VFMADD);
+  MIX(VPBROADCASTD, VFMADD);
+  MIX(VBROADCASTSS, VPERMW);
+  return 0;
+}
