@@ -65,8 +65,9 @@ if [ "$level" = amx ]; then
 else
   # float32: the AVX-512 kernels run it on every AVX-512 CPU (bfloat16 runs
   # vdpbf16ps where the CPU has AVX-512-BF16)
-  QKERN_ISA=avx512 $PY benchmarks/woq_minof.py 4096:4096:1,2,16,48,128,512 11008:4096:128 \
-    --weights int8,int8-widened,int4,int4-dequantized --dtypes float32 --threads 1,2 \
+  QKERN_ISA=avx512 $PY benchmarks/woq_minof.py 4096:4096:1,2,16,48,64,128,512 11008:4096:128 \
+    --weights int8,int8-widened,int4:f32_qb4w_gemm_8x32c1__avx512,int4-dequantized \
+    --dtypes float32 --threads 1,2 \
     --copies 4 --reps 8 | tee "$OUT/minof-avx512.txt"
   if grep -qx avx512_bf16 "$OUT/cpu.txt"; then
     $PY benchmarks/woq_minof.py 4096:4096:1 11008:4096:1 --dtypes bfloat16 --threads 1,2 \

@@ -539,10 +539,10 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     it reads (``REGISTRY``, ``AVX512_BF16_FROM_M_HERE``,
     ``AVX512_BF16_UNPACKED_FROM_M_HERE``, ``UNPACKED_CALLS``,
     ``AMX_UNPACKED_FROM_M``, ``AMX_FROM_M``, ``WIDENED_ABOVE_ROW_BLOCKS``,
-    ``DEQUANTIZED_FROM_M``) stay equal to
-    what they were; replacing one takes effect at the next call.  They are
-    immutable (the mappings read-only); while one is not (a test's plain
-    dict or list), nothing is remembered.  (A read-only mapping over a dict
+    ``DEQUANTIZED_FROM_M``) stay equal to what they were; replacing one
+    takes effect at the next call.  They are immutable (the mappings
+    read-only); while one is not (a test's plain dict or list), nothing is
+    remembered.  (A read-only mapping over a dict
     that its maker still edits is not noticed: replace a setting, never
     edit one.)
     """

@@ -67,8 +67,8 @@ No bits change with the choice when the tuner keeps the static rule's
 kernel: a blocking or thread count never changes a result
 (:ref:`determinism`), and neither does another kernel on packed panels of
 the same ISA level, nor a widened copy (its kernel sums in the order of its
-packed twin); but for int4 on AVX2, whose kernel on dequantized weights
-(``f32dq_qb4w``) sums in an order of its own.
+packed twin); but for int4 on AVX2 and AVX-512, whose kernel on
+dequantized weights (``f32dq_qb4w``) sums in an order of its own.
 """
 
 from __future__ import annotations

@@ -293,8 +293,9 @@ def test_int4_dequantized_kernel_from_its_m(avx2_registry):
 def test_dequantized_int4_kernel_on_avx512_from_its_m(monkeypatch, level, packed, dequantized):
     """With every kernel up to AVX-512 (or AVX-512-BF16) available: float32
     and float16 int4 take the AVX-512 kernel on dequantized weights from
-    DEQUANTIZED_FROM_M["avx512"] rows; bfloat16 on an AVX-512-BF16 AMD CPU keeps the
-    vdpbf16ps kernel on packed int4 (that level has no dequantizing one)."""
+    DEQUANTIZED_FROM_M["avx512"] rows; bfloat16 on an AVX-512-BF16 AMD CPU
+    keeps the vdpbf16ps kernel on packed int4 (that level has no
+    dequantizing one)."""
     _registry_up_to(monkeypatch, level)
     monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
                         dispatch.AVX512_BF16_FROM_M["AuthenticAMD"])
