@@ -542,9 +542,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     ``DEQUANTIZED_FROM_M``) stay equal to what they were; replacing one
     takes effect at the next call.  They are immutable (the mappings
     read-only); while one is not (a test's plain dict or list), nothing is
-    remembered.  (A read-only mapping over a dict
-    that its maker still edits is not noticed: replace a setting, never
-    edit one.)
+    remembered.  (A read-only mapping over a dict that its maker still
+    edits is not noticed: replace a setting, never edit one.)
     """
     name = dtype_name(dtype)
     layout = None if layout is None else tuple(layout)
