@@ -87,7 +87,12 @@ def quantize_int4(w, group_size: int):
     if not np.isfinite(wf).all():
         raise ValueError("w: holds NaN or infinity, which have no int4 value")
     lo, hi = wf.min(axis=-1), wf.max(axis=-1)
-    scale = np.maximum(hi - lo, np.float32(1e-6)) / np.float32(15)
+    with np.errstate(over="ignore"):
+        spans = hi - lo
+    if not np.isfinite(spans).all():
+        raise ValueError("w: a group spans more than float32's range (its max - min "
+                         "overflows), which no int4 scale can hold")
+    scale = np.maximum(spans, np.float32(1e-6)) / np.float32(15)
     zero = lo + np.float32(8) * scale
     q = np.clip(np.rint((wf - lo[..., None]) / scale[..., None]), 0, 15).astype(np.uint8)
     scales_and_zeros = np.stack([scale.T, zero.T], axis=-1).astype(w.dtype)
@@ -173,6 +178,8 @@ def unpack_int4(w_packed, n: int) -> np.ndarray:
 
 
 def _check_scales_and_zeros(sz, k: int, group_size: int, dtype) -> np.ndarray:
+    """``sz`` checked against K, ``group_size`` and x's dtype, as given (not
+    copied: an ``out`` is checked against the caller's memory)."""
     sz = _check_array("scales_and_zeros", sz, 3)
     if sz.dtype != dtype:
         raise TypeError(f"scales_and_zeros: expected dtype {np.dtype(dtype)} (the dtype of x), "
@@ -180,7 +187,7 @@ def _check_scales_and_zeros(sz, k: int, group_size: int, dtype) -> np.ndarray:
     if sz.shape[0] != k // group_size or sz.shape[2] != 2:
         raise ValueError(f"scales_and_zeros: expected shape (K // group_size, N, 2) = "
                          f"({k // group_size}, N, 2), got {sz.shape}")
-    return np.ascontiguousarray(sz)
+    return sz
 
 
 def _run(kern: Kernel, x, w_packed, n: int, k: int, group_size: int, sz, bias_f32, out,
@@ -246,15 +253,17 @@ def weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros, *, bias=None, 
     w_packed = _check_packed(w_packed)
     k = w_packed.shape[1]
     _check_k(k, group_size)
-    sz = _check_scales_and_zeros(scales_and_zeros, k, group_size, x.dtype)
+    sz_given = _check_scales_and_zeros(scales_and_zeros, k, group_size, x.dtype)
+    sz = np.ascontiguousarray(sz_given)
     n = sz.shape[1]
     _check_packed(w_packed, n)
     if bias is not None:
         bias = _check_vector("bias", bias, n, x.dtype)
     m = math.prod(x.shape[:-1]) if x.ndim else 0
     kern = choose_kernel(x.dtype, m, weight_format=INT4)
+    inputs = (("w_packed", w_packed), ("scales_and_zeros", sz_given), ("bias", bias))
     return _run(kern, x, w_packed, n, k, group_size, sz, _padded_f32(bias, _PANEL), out,
-                num_threads, (("w_packed", w_packed), ("scales_and_zeros", sz), ("bias", bias)))
+                num_threads, inputs)
 
 
 class Int4Linear:

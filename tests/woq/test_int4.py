@@ -123,6 +123,10 @@ def test_quantize_int4_refuses_what_it_cannot_quantize():
         qkern.quantize_int4(np.zeros((2, 48), np.float32), 48)
     with pytest.raises(TypeError, match="w: expected dtype"):
         qkern.quantize_int4(np.zeros((2, 32), np.float64), 32)
+    finite_but_too_wide = np.zeros((1, 32), np.float32)
+    finite_but_too_wide[0, :2] = -3e38, 3e38  # max - min overflows float32
+    with pytest.raises(ValueError, match="spans more than float32's range"):
+        qkern.quantize_int4(finite_but_too_wide, 32)
 
 
 @pytest.mark.parametrize("kern, dtype", INT4_KERNEL_DTYPES)
@@ -338,6 +342,19 @@ def test_errors_name_the_argument_and_write_nothing():
         with pytest.raises(error, match=match):
             qkern.weight_int4pack_mm(**args)
         assert (out == 7.0).all(), match
+
+
+def test_out_overlapping_strided_scales_and_zeros_is_refused():
+    """The overlap check reads the caller's scales_and_zeros, not the
+    contiguous copy a strided one is given for the kernels."""
+    x = np.ones((2, 64), np.float32)
+    p = qkern.pack_int4(np.zeros((32, 64), np.uint8))
+    memory = np.ones((2, 32, 2), np.float32)
+    for sz in (memory, memory[::-1]):  # contiguous, then a strided view of it
+        out = memory.reshape(-1)[:64].reshape(2, 32)
+        with pytest.raises(ValueError, match="out: overlaps scales_and_zeros"):
+            qkern.weight_int4pack_mm(x, p, 32, sz, out=out)
+        assert (memory == 1.0).all()
 
 
 def test_k_block_kernels_have_no_single_call():
