@@ -208,6 +208,25 @@ def test_the_static_choice_either_side_of_the_dequantized_edge():
                     f"({sorted(qkern.dispatch.DEQUANTIZED_FROM_M)})")
 
 
+@pytest.mark.parametrize("kern, dtype", INT4_KERNEL_DTYPES)
+def test_an_infinite_x_as_each_compute_documents(kern, dtype):
+    """docs/semantics.rst, "Special values": an infinite x_k against q_k = 0
+    is NaN in the computes with group sums (x_k q_k = inf * 0), and against
+    its dequantized weight w_k = (0 - 8) * 1 + 0 = -8 is -inf in the kernel
+    on dequantized weights, as in the definition."""
+    q = np.zeros((3, 64), np.uint8)
+    sz = np.zeros((2, 3, 2), dtype)
+    sz[..., 0] = 1
+    x = np.zeros((2, 64), dtype)
+    x[0, 5] = np.inf
+    x[1, 40] = -np.inf
+    y = _run_kernel(kern, x, q, sz, 32, None).astype(np.float32)
+    if kern.dequantizes:
+        assert (y[0] == -np.inf).all() and (y[1] == np.inf).all(), y
+    else:
+        assert np.isnan(y).all(), y
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
     """docs/semantics.rst, "int4": the order of the sums is fixed for the
