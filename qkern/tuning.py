@@ -77,6 +77,7 @@ import fcntl
 import itertools
 import json
 import math
+import operator
 import os
 import tempfile
 import threading
@@ -768,6 +769,17 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
     return _STORE.memory.get(key, build)
 
 
+def _check_shape(shape) -> tuple:
+    """``(M, N, K)`` of :func:`tune`, each an int of at least 1."""
+    try:
+        dims = tuple(operator.index(v) for v in shape)
+    except TypeError:
+        raise TypeError(f"shapes: expected (M, N, K) of ints, got {shape!r}") from None
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"shapes: expected (M, N, K), each at least 1, got {shape!r}")
+    return dims
+
+
 def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bool = False,
          progress: bool = False, group_size: int = 0, memory_budget: int = 0) -> list:
     """Tune ahead of time: every (M, N, K) of ``shapes`` for every dtype and
@@ -776,12 +788,14 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     Parameters
     ----------
     shapes : iterable of (M, N, K)
-        Problems, as a layer sees them (M rows of activations).
-    dtypes : iterable of str
-        Activation dtypes.
+        Problems, as a layer sees them (M rows of activations), each an
+        int of at least 1.
+    dtypes : iterable of str or numpy.dtype
+        Activation dtypes: float32, float16 or bfloat16.
     threads : iterable of int, optional
-        Thread counts, each capped as a call's is (at the processors);
-        default: this process's (OpenMP's) count.
+        Thread counts, each checked as a call's ``num_threads`` is and
+        capped as a call's is (at the processors); default: this
+        process's (OpenMP's) count.
     exhaustive : bool
         Time the whole product of candidates instead of the search, for
         comparison; the result is not stored.
@@ -800,20 +814,23 @@ def tune(shapes, dtypes=("bfloat16", "float32"), threads=None, *, exhaustive: bo
     list of (key, Choice)
         ``key`` is ``(dtype, M, N, K, threads, group_size)``.
     """
+    from qkern.woq import _check_threads
     from qkern.woq_int4 import GROUP_SIZES
 
     if group_size not in (0,) + GROUP_SIZES:
         raise ValueError(f"group_size: expected 0 (int8) or one of {GROUP_SIZES}, "
                          f"got {group_size!r}")
     memory_budget = check_memory_budget(memory_budget)
-    shapes = [tuple(int(v) for v in shape) for shape in shapes]
+    shapes = [_check_shape(shape) for shape in shapes]
     for _, _, k in shapes:
         if group_size and k % group_size:
             raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
-    # the counts calls will ask with: capped at the processors, as calls are
-    threads = [_cpu.threads_for_call(int(t)) for t in (threads or [0])]
-    jobs = [(dtype_name(DTYPES[d]), int(m), int(n), int(k), t)
-            for (m, n, k), d, t in itertools.product(shapes, dtypes, threads)]
+    dtypes = [dtype_name(DTYPES.get(d, d) if isinstance(d, str) else d, "dtypes")
+              for d in dtypes]
+    # the counts calls will ask with: checked as a call's num_threads is,
+    # and capped at the processors, as calls are
+    threads = [_cpu.threads_for_call(_check_threads(t, "threads")) for t in (threads or [None])]
+    jobs = [(d, m, n, k, t) for (m, n, k), d, t in itertools.product(shapes, dtypes, threads)]
     bar = None
     if progress:
         try:

@@ -157,13 +157,14 @@ def _check_out(out, shape: tuple, dtype, inputs: tuple):
 _MAX_THREADS = 2**31 - 1  # a C int
 
 
-def _check_threads(num_threads) -> int:
+def _check_threads(num_threads, arg: str = "num_threads") -> int:
+    """A thread count as the C driver takes it: 0 for None (the default)."""
     if num_threads is None:
         return 0
     if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
-        raise TypeError(f"num_threads: expected an int or None, got {type(num_threads).__name__}")
+        raise TypeError(f"{arg}: expected an int or None, got {type(num_threads).__name__}")
     if not 1 <= num_threads <= _MAX_THREADS:
-        raise ValueError(f"num_threads: expected 1 to {_MAX_THREADS}, got {num_threads}")
+        raise ValueError(f"{arg}: expected 1 to {_MAX_THREADS}, got {num_threads}")
     return int(num_threads)
 
 

@@ -276,6 +276,26 @@ def test_cli_tunes_int4(capsys):
     assert "every K of --shapes must be a multiple" in capsys.readouterr().err
 
 
+def test_tune_checks_its_arguments_before_tuning():
+    """Shapes, dtypes and thread counts are checked as a call's are, with
+    the argument named, before any timing (nothing is tuned or stored)."""
+    cases = [
+        (TypeError, r"shapes: expected \(M, N, K\) of ints", dict(shapes=[(1.7, 16, 16)])),
+        (ValueError, r"shapes: expected \(M, N, K\), each at least 1", dict(
+            shapes=[(0, 16, 16)])),
+        (ValueError, "each at least 1", dict(shapes=[(1, 16)])),
+        (TypeError, "dtypes: expected dtype float32, float16 or bfloat16", dict(
+            dtypes=["float64"])),
+        (ValueError, "threads: expected 1 to", dict(threads=[-1])),
+        (ValueError, "threads: expected 1 to", dict(threads=[2**40])),
+        (TypeError, "threads: expected an int", dict(threads=[1.5])),
+    ]
+    for error, match, change in cases:
+        args = dict(shapes=[(1, 16, 16)]) | change
+        with pytest.raises(error, match=match):
+            qkern.tune(**args)
+
+
 def _widening_kernel(dtype="float32"):
     """The kernel that runs on a widened copy at the static choice's level, or skip."""
     m, n, k = SHAPE
