@@ -203,7 +203,20 @@ class Choice:
 
     @classmethod
     def from_json(cls, d: dict) -> Choice:
-        return cls(**{**d, "blocking": Blocking(**d["blocking"])})
+        """The choice :meth:`to_json` wrote; TypeError or ValueError for a
+        field of the wrong type or out of range (a hand-edited file)."""
+        choice = cls(**{**d, "blocking": Blocking(**d["blocking"])})
+        for name in ("kernel", "static_kernel", "weight_form"):
+            if not isinstance(getattr(choice, name), str):
+                raise TypeError(f"{name}: expected a str")
+        for name in ("seconds", "static_seconds", "tuning_seconds"):
+            value = getattr(choice, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 <= value < math.inf:
+                raise ValueError(f"{name}: expected a finite number of seconds, got {value!r}")
+        if type(choice.candidates) is not int or choice.candidates < 0:
+            raise ValueError(f"candidates: expected a count, got {choice.candidates!r}")
+        return choice
 
 
 def m_bucket(m: int) -> int:
@@ -257,7 +270,7 @@ def cpu_signature() -> dict:
 
 def cache_path() -> Path:
     """The JSON file of tuning results (see the module docstring)."""
-    base = os.environ.get("QKERN_CACHE_DIR")
+    base = os.path.expanduser(os.environ.get("QKERN_CACHE_DIR", "").strip())
     if not base:
         try:
             import platformdirs
@@ -267,6 +280,10 @@ def cache_path() -> Path:
             base = os.path.join(os.environ.get("XDG_CACHE_HOME")
                                 or os.path.expanduser("~/.cache"), "qkern")
     return Path(base) / "tune.json"
+
+
+class _NewerFile(ValueError):
+    """A tuning file a newer qkern wrote: read as none, never replaced."""
 
 
 class _Store:
@@ -284,50 +301,73 @@ class _Store:
         self._from_file: dict = {}
 
     @staticmethod
-    def _entries(path: Path) -> list:
-        """The file's entries as written, ``[]`` for no file; ValueError
-        (or OSError) if it cannot be read as a tuning file."""
+    def _entries(path: Path) -> tuple:
+        """``(entries, malformed)``: the file's entries that have the fields
+        of one, as written, and the count of those that do not; ``([],
+        0)`` for no file. ValueError (or OSError) if it cannot be read as a
+        tuning file, :class:`_NewerFile` if a newer qkern wrote it."""
         try:
             text = path.read_text()
         except FileNotFoundError:
-            return []
-        data = json.loads(text)  # UnicodeDecodeError and JSONDecodeError: ValueError
+            return [], 0
+        try:
+            data = json.loads(text)  # UnicodeDecodeError and JSONDecodeError: ValueError
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        if isinstance(data, dict) and type(data.get("format")) is int \
+                and data["format"] > FILE_FORMAT:
+            raise _NewerFile(f"of format {data['format']}, newer than this qkern's "
+                             f"{FILE_FORMAT}")
         if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
             raise ValueError(f"not a qkern tuning file of format {FILE_FORMAT}")
         entries = data.get("entries")
-        if not isinstance(entries, list) or not all(
-                isinstance(e, dict) and {"cpu", "qkern", "key", "choice"} <= e.keys()
-                for e in entries):
-            raise ValueError("malformed entries")
-        return entries
+        if not isinstance(entries, list):
+            raise ValueError("its entries are not a list")
+        fields = {"cpu", "qkern", "key", "choice"}
+        whole = [e for e in entries if isinstance(e, dict) and fields <= e.keys()]
+        return whole, len(entries) - len(whole)
+
+    @classmethod
+    def _refuse_newer(cls, path: Path) -> None:
+        """Raise :class:`_NewerFile` if a newer qkern wrote ``path`` (which a
+        save must not replace); any other file, even corrupt, passes."""
+        try:
+            cls._entries(path)
+        except _NewerFile:
+            raise
+        except (OSError, ValueError):
+            pass
 
     def _read(self, path: Path, warn: bool) -> tuple:
-        """``(this process's choices {key: Choice}, every entry as written)``;
-        with ``warn``, one warning if the file is unreadable or corrupt, or
-        holds nothing for this CPU and qkern version."""
+        """``(this process's choices {key: Choice}, the entries a save
+        keeps: all as written but the malformed ones)``; with ``warn``, one
+        warning if the file is unreadable or corrupt, one if it has
+        malformed entries, one if it holds nothing for this CPU and qkern
+        version."""
         try:
-            entries = self._entries(path)
+            entries, malformed = self._entries(path)
         except (OSError, ValueError) as e:
             if warn:
                 what = "cannot be read" if isinstance(e, OSError) else "is not a valid tuning file"
                 warnings.warn(f"qkern.tune: {path} {what} ({e}): ignored",
                               RuntimeWarning, stacklevel=5)
             return {}, []
-        mine, signature = {}, cpu_signature()
+        mine, kept, signature = {}, [], cpu_signature()
         for entry in entries:
-            if entry["cpu"] != signature or entry["qkern"] != __version__:
-                continue
-            try:
-                key = _checked_key(entry["key"])
-                choice = Choice.from_json(entry["choice"])
-            except (ValueError, TypeError, KeyError):
-                if warn:
-                    warnings.warn(f"qkern.tune: {path} has a malformed entry: ignored",
-                                  RuntimeWarning, stacklevel=5)
-                    warn = False
-                continue
-            if _usable(choice, key):
-                mine[key] = choice
+            if entry["cpu"] == signature and entry["qkern"] == __version__:
+                try:
+                    key = _checked_key(entry["key"])
+                    choice = Choice.from_json(entry["choice"])
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    malformed += 1
+                    continue
+                if _usable(choice, key):
+                    mine[key] = choice
+            kept.append(entry)
+        if warn and malformed:
+            warnings.warn(f"qkern.tune: {path} has {malformed} malformed "
+                          f"entr{'y' if malformed == 1 else 'ies'}: ignored",
+                          RuntimeWarning, stacklevel=5)
         if warn and entries and not any(e["cpu"] == signature and e["qkern"] == __version__
                                         for e in entries):
             other = entries[0]
@@ -335,7 +375,7 @@ class _Store:
             warnings.warn(f"qkern.tune: {path} holds results of another CPU or qkern version "
                           f"only ({name}, qkern {other['qkern']}): not used here",
                           RuntimeWarning, stacklevel=5)
-        return mine, entries
+        return mine, kept
 
     def lookup_file(self, key: tuple):
         """The file's choice for ``key``, or None (the file read once per path)."""
@@ -360,6 +400,7 @@ class _Store:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with open(path.with_name(path.name + ".lock"), "w") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
+                    self._refuse_newer(path)
                     _, entries = self._read(path, warn=False)
                     entries = [e for e in entries if not _own_entry_to_replace(e, entry)]
                     data = {"format": FILE_FORMAT, "entries": entries + [entry]}

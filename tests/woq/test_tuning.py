@@ -83,7 +83,8 @@ def _foreign(entry, **changes):
 @pytest.mark.parametrize("edit, warning, kept", [
     (lambda d: "{ not json", "not a valid tuning file", 0),
     (lambda d: b"\xff\xfe", "not a valid tuning file", 0),
-    (lambda d: json.dumps({**d, "entries": [{"key": [1]}]}), "not a valid tuning file", 0),
+    (lambda d: json.dumps({**d, "entries": [{"key": [1]}]}), "has 1 malformed entry", 0),
+    (lambda d: "[" * 100000 + "]" * 100000, "not a valid tuning file", 0),
     (lambda d: json.dumps({**d, "entries": [_foreign(d["entries"][0], cpu={
         **d["entries"][0]["cpu"], "model_name": "Other CPU"})]}), "another CPU", 1),
     (lambda d: json.dumps({**d, "entries": [_foreign(d["entries"][0], qkern="0.0.1")]}),
@@ -110,6 +111,48 @@ def test_corrupt_foreign_or_old_file_is_ignored_with_one_warning(cache_dir, monk
     assert len(entries) == 2 + kept
     assert sum(e["qkern"] == qkern.__version__ and e["cpu"] == tuning.cpu_signature()
                for e in entries) == 2
+
+
+def test_a_malformed_entry_costs_that_entry_only(cache_dir, monkeypatch):
+    """docs/tuning.rst: a malformed entry is ignored with one warning; the
+    file's sound entries, this CPU's and others', stay used and kept."""
+    _choice()
+    path = cache_dir / "tune.json"
+    data = json.loads(path.read_text())
+    (mine,) = data["entries"]
+    bad_seconds = {**mine, "choice": {**mine["choice"], "static_seconds": "x"}}
+    foreign = _foreign(mine, qkern="0.0.1")
+    data["entries"] += [foreign, {"cpu": {}}, bad_seconds]
+    path.write_text(json.dumps(data))
+    tuning.clear()
+    calls = _count_tunings(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="has 2 malformed entries") as caught:
+        _choice()  # the sound entry: not tuned again
+        _choice(dtype="bfloat16")  # a new key: the file is written again
+    assert len(caught) == 1 and len(calls) == 1
+    entries = json.loads(path.read_text())["entries"]
+    assert foreign in entries and mine in entries and len(entries) == 3
+
+
+def test_a_newer_qkerns_file_is_neither_used_nor_replaced(cache_dir, monkeypatch):
+    _choice()
+    path = cache_dir / "tune.json"
+    newer = json.loads(path.read_text()) | {"format": tuning.FILE_FORMAT + 1}
+    path.write_text(json.dumps(newer))
+    tuning.clear()
+    calls = _count_tunings(monkeypatch)
+    with pytest.warns(RuntimeWarning) as caught:
+        _choice()
+    messages = [str(w.message) for w in caught]
+    assert any("newer than this qkern's" in m for m in messages), messages
+    assert any("results stay in memory" in m for m in messages), messages
+    assert len(calls) == 1 and json.loads(path.read_text()) == newer
+
+
+def test_the_cache_dir_may_start_with_a_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("QKERN_CACHE_DIR", "~/tuned ")
+    assert tuning.cache_path() == tmp_path / "tuned" / "tune.json"
 
 
 def test_another_isa_cap_is_another_key(cache_dir, monkeypatch):
