@@ -296,7 +296,9 @@ class WoqLinear:
     chosen for this CPU; the caller's ``w`` is not kept. With a
     ``memory_budget`` it may also hold one copy widened beforehand, made on
     the first call that runs on it: a tuned choice under
-    ``QKERN_AUTOTUNE=1``, or a forced kernel that reads one (:doc:`/tuning`).
+    ``QKERN_AUTOTUNE=1``, or a forced kernel that reads one (:doc:`/tuning`);
+    it keeps that copy, and a tuned choice of another kernel that reads a
+    copy widens per chunk instead, as without one (the same bits).
 
     Parameters
     ----------
@@ -429,13 +431,16 @@ class WoqLinear:
         """Whether ``kern`` runs on a widened copy that fits the budget."""
         return widened_copy_fits(kern, *self.shape, self._memory_budget)
 
-    def _widened_copy(self, kern: Kernel) -> np.ndarray:
-        """The weight widened for ``kern``, made on first use; one copy at a
-        time (a copy for another kernel replaces it, within the budget)."""
+    def _widened_copy(self, kern: Kernel) -> np.ndarray | None:
+        """The weight widened for ``kern``, made on first use, or None where
+        the layer holds the copy of another kernel: it keeps the first copy
+        it makes (never two, nor a rebuild per call when tuned choices of
+        two kernels alternate), and ``kern`` then widens per chunk as it
+        does without a copy (the same bits)."""
         with self._widened_lock:
-            if self._widened is None or self._widened[0] != kern.name:
+            if self._widened is None:
                 self._widened = (kern.name, self._weight.widened(kern))
-            return self._widened[1]
+            return self._widened[1] if self._widened[0] == kern.name else None
 
     def weight(self) -> np.ndarray:
         """The int8 ``(N, K)`` weight, unpacked (a new array)."""

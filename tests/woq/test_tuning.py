@@ -425,6 +425,46 @@ def test_a_layer_on_its_widened_copy_gives_the_packed_bits(monkeypatch, dtype):
     assert clone.memory_budget == size and clone.widened_nbytes == 0
 
 
+def test_tuned_choices_of_two_copies_keep_the_first(monkeypatch):
+    """Tuned choices of two kernels that read widened copies, alternating
+    with M, within a budget that holds both: the layer keeps the first copy
+    (made once), the other kernel widens per chunk, and each gives the bits
+    of its forced, copy-less run."""
+    dtype = "bfloat16"
+    layout = qkern.dispatch.choose_kernel(qkern.bench.DTYPES[dtype], 1).layout
+    two = [kern for kern in qkern.kernels() if kern.available and kern.reads_widened_copy
+           and dtype in kern.dtypes and kern.layout == layout][:2]
+    if len(two) < 2:
+        pytest.skip("fewer than two kernels here read a widened copy of one layout")
+    rng = np.random.default_rng(5)
+    m, n, k = SHAPE
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.01, 0.1, n).astype(qkern.bench.DTYPES[dtype])
+    x = rng.standard_normal((2 * m, k)).astype(qkern.bench.DTYPES[dtype])
+    budget = sum(qkern.dispatch.widened_nbytes(kern, n, k) for kern in two)
+    layer = qkern.WoqLinear(w, s, memory_budget=budget)
+    by_rows = {m: two[0], 2 * m: two[1]}
+    want = {rows: qkern.WoqLinear(w, s, kernel=kern.name)(x[:rows], num_threads=1)
+            for rows, kern in by_rows.items()}
+
+    def choice_for(dtype, rows, *args, **kwargs):
+        return tuning.Choice(by_rows[rows].name, by_rows[rows].blocking, 1, 1.0, 1.0,
+                             by_rows[rows].name, 1, 0.0, "widened")
+
+    widenings = []
+    real_widened = qkern.packing.PackedWeight.widened
+    monkeypatch.setattr(qkern.packing.PackedWeight, "widened",
+                        lambda self, kern: widenings.append(kern.name) or real_widened(self, kern))
+    monkeypatch.setattr(tuning, "_ENV", "1")
+    monkeypatch.setattr(tuning, "choice_for", choice_for)
+    for _ in range(3):
+        for rows in by_rows:
+            got = layer(x[:rows], num_threads=1)
+            assert np.array_equal(got.view(np.uint8), want[rows].view(np.uint8)), rows
+    assert widenings == [two[0].name]
+    assert layer.widened_nbytes == qkern.dispatch.widened_nbytes(two[0], n, k)
+
+
 def test_memory_budget_is_checked():
     w, s = np.ones((3, 5), np.int8), np.ones(3, np.float32)
     with pytest.raises(ValueError, match="memory_budget"):
