@@ -216,7 +216,7 @@ def _isa_cap() -> int:
 
 CPU_ISA = ISA_LEVELS[_cpu_level()]
 ISA_CAP = ISA_LEVELS[_isa_cap()]
-_VERBOSE = os.environ.get("QKERN_VERBOSE", "") not in ("", "0")
+_VERBOSE = os.environ.get("QKERN_VERBOSE", "").strip() not in ("", "0")
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ PANEL_ROWS = (64, 128, 256, 512)
 KBLOCK_ROWS = (256, 1024, 2048)
 K_BLOCKS = (512, 1024, 2048)
 
-_ENV = os.environ.get("QKERN_AUTOTUNE", "0").strip()
+_ENV = os.environ.get("QKERN_AUTOTUNE", "").strip() or "0"
 if _ENV not in ("0", "1"):
     raise ValueError(f"QKERN_AUTOTUNE={_ENV!r}: expected 0 or 1")
 

@@ -416,6 +416,8 @@ def test_verbose_logs_the_choice():
     r = _python(code, QKERN_VERBOSE="1")
     assert r.returncode == 0, r.stderr
     assert "qkern: using " in r.stderr and "dtype=float32 m=1" in r.stderr
+    r = _python(code, QKERN_VERBOSE=" 0\n")  # read without the whitespace around it
+    assert r.returncode == 0 and "qkern: using " not in r.stderr, r.stderr
 
 
 def test_unpacked_kernel_only_where_packing_would_dominate():

@@ -259,6 +259,10 @@ def test_m_bucket():
 def test_autotune_variable_is_checked_at_import():
     proc = run_python("import qkern", env={"QKERN_AUTOTUNE": "yes"})
     assert proc.returncode != 0 and "QKERN_AUTOTUNE='yes'" in proc.stderr
+    for value, mode in (("", False), (" 1\n", True)):  # as every QKERN_ variable
+        proc = run_python("import qkern; print(qkern.tuning.autotune_enabled())",
+                          env={"QKERN_AUTOTUNE": value})
+        assert proc.returncode == 0 and proc.stdout.split() == [str(mode)], proc.stderr
 
 
 def test_cli_tune_prints_the_table(capsys):
