@@ -138,8 +138,11 @@ AMX_FROM_M = _read_only({INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
 # the weight with an L2 prefetch, it lost (M = 2: 1.08-1.30x, 4096 x 4096
 # and 11008 x 4096, one and two threads; M = 1 on 11008 x 4096 1.10-1.16x);
 # int4 (groups of 128) M = 1 in 0.62 against 0.70 ms and from M = 4 in
-# 0.47-0.51 of the time.
-AVX512_BF16_FROM_M = _read_only({"AuthenticAMD": {INT8: 3, INT4: 1}})
+# 0.47-0.51 of the time.  Since the int8 kernel widens with vpermt2w at up
+# to six rows (src/woq/bf16-gemm-x32c2-avx512bf16.c) it wins M = 2 as well
+# on one thread (4096 x 4096 0.73-0.76 against 0.78-0.81 ms, 11008 x 4096
+# 1.90-1.95 against 2.01-2.06; min of 24, four runs) and ties on two.
+AVX512_BF16_FROM_M = _read_only({"AuthenticAMD": {INT8: 2, INT4: 1}})
 
 # The same rule for the functional op's kernel on the unpacked int8 weight:
 # bf16_gemv_8x1c0__avx512bf16 from this many rows (at M = 1 the FMA GEMV

@@ -181,12 +181,12 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
     """With every kernel up to AVX-512-BF16 available (a CPU without AMX):
     on Intel's, bfloat16 runs the AVX-512 FMA kernels at every M (vdpbf16ps
     at half the FMA's rate there); on AMD's, the vdpbf16ps kernels from
-    AVX512_BF16_FROM_M (int8 3 rows, int4 1), the FMA below, and for int8
+    AVX512_BF16_FROM_M (int8 2 rows, int4 1), the FMA below, and for int8
     the kernel on widened panels above six of its 8-row blocks; the
     functional op's vdpbf16ps GEMV from AVX512_BF16_UNPACKED_FROM_M (2
     rows).  The tuner times both levels either way (TUNED_WITH)."""
     _registry_up_to(monkeypatch, "avx512_bf16")
-    assert dispatch.AVX512_BF16_FROM_M == {"AuthenticAMD": {dispatch.INT8: 3, dispatch.INT4: 1}}
+    assert dispatch.AVX512_BF16_FROM_M == {"AuthenticAMD": {dispatch.INT8: 2, dispatch.INT4: 1}}
     assert dispatch.WIDENED_ABOVE_ROW_BLOCKS["avx512_bf16"] == {dispatch.INT8: 6}
     assert dispatch.AVX512_BF16_UNPACKED_FROM_M == {"AuthenticAMD": 2}
     monkeypatch.setattr(dispatch, "AVX512_BF16_FROM_M_HERE",
@@ -194,7 +194,7 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
     monkeypatch.setattr(dispatch, "AVX512_BF16_UNPACKED_FROM_M_HERE",
                         dispatch.AVX512_BF16_UNPACKED_FROM_M.get(vendor))
     assert qkern.tuning.TUNED_WITH["avx512_bf16"] == ("avx512",)
-    for fmt, from_m in ((dispatch.INT8, 3), (dispatch.INT4, 1)):
+    for fmt, from_m in ((dispatch.INT8, 2), (dispatch.INT4, 1)):
         assert dispatch.top_level(ml_dtypes.bfloat16, weight_format=fmt) == "avx512_bf16"
         for m in (1, 2, 3, 8, 9, 64, 1000):
             want = "avx512_bf16" if vendor == "AuthenticAMD" and m >= from_m else "avx512"
@@ -208,7 +208,7 @@ def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
                 else "f32_gemv_8x1c0__avx512")
         assert (kern.name == gemv if m <= 24 else kern.kind != "unpacked"), (m, kern.name)
     if vendor == "AuthenticAMD":
-        for m, want in ((2, "f32_gemm_4x32c2__avx512"), (3, "bf16_gemm_8x32c2__avx512bf16"),
+        for m, want in ((1, "f32_gemm_1x32c2__avx512"), (2, "bf16_gemm_8x32c2__avx512bf16"),
                         (48, "bf16_gemm_8x32c2__avx512bf16"),
                         (49, "bf16w_gemm_8x32c2__avx512bf16"),
                         (1000, "bf16w_gemm_8x32c2__avx512bf16")):
