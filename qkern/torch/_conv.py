@@ -21,7 +21,7 @@ from qkern.torch._registry import LiveRegistry
 __all__ = ["QConv2d"]
 
 # The live QConv2d modules.
-_CONVS = LiveRegistry("qkern::qconv2d_layer", "qkern.torch.QConv2d", "qconv")
+_CONVS = LiveRegistry("qkern::qconv2d_layer", "qkern.torch.QConv2d", "qconv_")
 
 
 @torch.library.custom_op("qkern::qconv2d_layer", mutates_args=())

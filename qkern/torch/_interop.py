@@ -21,8 +21,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-__all__ = ["DTYPES", "TORCH_DTYPES", "as_numpy", "define_op", "from_numpy", "host", "int8_view",
-           "new_output", "nhwc", "plain_eager", "run_into", "unquantize"]
+__all__ = ["DTYPES", "TORCH_DTYPES", "as_numpy", "check_cpu_tensor", "define_op", "from_numpy",
+           "host", "int8_view", "new_output", "nhwc", "plain_eager", "run_into", "unquantize"]
 
 # Activation dtypes, torch -> NumPy.
 DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
@@ -112,12 +112,17 @@ def define_op(op: str, impl) -> tuple:
     return defined, call
 
 
-def as_numpy(name: str, t) -> np.ndarray:
-    """A NumPy array over the memory of the CPU tensor ``t`` (no copy)."""
+def check_cpu_tensor(name: str, t) -> None:
+    """Raise TypeError unless ``t`` is a tensor, ValueError unless it is on the CPU."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{name}: expected a CPU tensor, got device {t.device}")
+
+
+def as_numpy(name: str, t) -> np.ndarray:
+    """A NumPy array over the memory of the CPU tensor ``t`` (no copy)."""
+    check_cpu_tensor(name, t)
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(DTYPES[torch.bfloat16])

@@ -12,14 +12,14 @@ from torch import nn
 
 import qkern
 from qkern.torch._int4 import Int4Linear
-from qkern.torch._interop import TORCH_DTYPES, as_numpy, from_numpy
+from qkern.torch._interop import TORCH_DTYPES, as_numpy, check_cpu_tensor, from_numpy
 from qkern.torch._quantization import quantize_per_channel
 from qkern.torch._registry import LiveRegistry, define_linear_op, load_layer_state
 
 __all__ = ["WoqLinear", "swap_linears"]
 
 # The packed layers of live WoqLinear modules, and their op.
-_LAYERS = LiveRegistry("qkern::woq_linear", "qkern.torch.WoqLinear", "woq")
+_LAYERS = LiveRegistry("qkern::woq_linear", "qkern.torch.WoqLinear", "woq_")
 _woq_linear_op = define_linear_op("qkern::woq_linear", _LAYERS)
 
 
@@ -58,7 +58,9 @@ class WoqLinear(nn.Module):
     **torch.compile.** ``forward`` calls the custom op
     ``torch.ops.qkern.woq_linear(x, key)``, with ``key`` naming this
     module's packed layer in a process-wide registry, so a compiled (or
-    exported) graph runs in the process that traced it. For a graph that
+    exported) graph runs in the process that traced it; keys are random
+    UUIDs, so in another process the op raises RuntimeError (no live layer
+    with that key) rather than finding some other layer. For a graph that
     travels, use :func:`weight_int8pack_mm` with the weights as tensors.
     In plain eager calls (CPU tensors, no gradient to record, no mode or
     transform watching) it runs the op's implementation directly, without
@@ -99,6 +101,7 @@ class WoqLinear(nn.Module):
         -------
         WoqLinear
         """
+        check_cpu_tensor("weight", linear.weight)
         q, scales = quantize_per_channel(linear.weight, dtype)
         bias = None if linear.bias is None else linear.bias.detach().to(scales.dtype)
         return cls(q, scales, bias)
@@ -170,7 +173,15 @@ def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None, bits: in
 
     Only modules of type exactly ``nn.Linear`` are replaced: subclasses
     (such as the output projection of ``nn.MultiheadAttention``, whose weight
-    its parent reads directly) are left alone.
+    its parent reads directly) are left alone, and so are ``linear1`` and
+    ``linear2`` of an ``nn.TransformerEncoderLayer``, whose fast path (in
+    eval, without grad) reads their weights too.
+
+    A linear in several places (twice in one ``nn.Sequential``, or under two
+    parents) is quantized once, and the one new layer goes in every place,
+    so the model shares it as it shared the linear. Every new layer is
+    built before any is put in place: on an error, the model is left as it
+    was.
 
     Parameters
     ----------
@@ -184,7 +195,7 @@ def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None, bits: in
     group_size : int
         For ``bits=4``: 32, 64, 128 or 256, dividing every linear's
         ``in_features`` (ValueError naming the first that it does not,
-        before any layer is replaced).
+        before any layer is quantized).
 
     Returns
     -------
@@ -203,19 +214,31 @@ def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None, bits: in
     """
     if bits not in (4, 8):
         raise ValueError(f"bits: expected 4 or 8, got {bits!r}")
+    kept = {id(linear) for module in model.modules()
+            if isinstance(module, nn.TransformerEncoderLayer)
+            for linear in (module.linear1, module.linear2)}
+    # named_modules() lists each module once, under the first of its names.
+    linears = [(name or "model", module) for name, module in model.named_modules()
+               if type(module) is nn.Linear and id(module) not in kept]
     if bits == 4:
-        for name, module in model.named_modules():
-            if type(module) is nn.Linear and module.in_features % group_size:
-                raise ValueError(f"{name or 'model'}: in_features={module.in_features} is not "
-                                 f"a multiple of group_size={group_size}")
-    return _swap(model, dtype, bits, group_size)
-
-
-def _swap(model: nn.Module, dtype, bits: int, group_size: int) -> nn.Module:
-    if type(model) is nn.Linear:
-        if bits == 4:
-            return Int4Linear.from_linear(model, group_size=group_size, dtype=dtype)
-        return WoqLinear.from_linear(model, dtype=dtype)
-    for name, child in model.named_children():
-        setattr(model, name, _swap(child, dtype, bits, group_size))
+        for name, linear in linears:
+            if linear.in_features % group_size:
+                raise ValueError(f"{name}: in_features={linear.in_features} is not a multiple "
+                                 f"of group_size={group_size}")
+    new = {id(linear): _quantized(linear, dtype, bits, group_size) for _, linear in linears}
+    if id(model) in new:
+        return new[id(model)]
+    places = [(name, new[id(module)])
+              for name, module in model.named_modules(remove_duplicate=False)
+              if id(module) in new]
+    for name, layer in places:
+        parent, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(parent), attribute, layer)
     return model
+
+
+def _quantized(linear: nn.Linear, dtype, bits: int, group_size: int) -> nn.Module:
+    """The new layer of ``linear``: :class:`WoqLinear`, or :class:`Int4Linear` for 4 bits."""
+    if bits == 4:
+        return Int4Linear.from_linear(linear, group_size=group_size, dtype=dtype)
+    return WoqLinear.from_linear(linear, dtype=dtype)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import uuid
 import weakref
 
 import torch
@@ -16,17 +16,19 @@ __all__ = ["LiveRegistry", "define_linear_op", "load_layer_state"]
 class LiveRegistry:
     """What the custom op of a module class needs, by a string key that the
     module's forward passes to the op (a string, so a compiled graph can hold
-    it); held weakly, so an entry goes with its module."""
+    it); held weakly, so an entry goes with its module.
 
-    _keys = itertools.count()  # shared: a key is unique in the process
+    Keys are random UUIDs, unique across processes: a graph traced in one
+    process (an exported program, say) names no module of another, where the
+    op then raises rather than running some other module of that name."""
 
     def __init__(self, op: str, module: str, prefix: str):
         self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._op, self._module, self._prefix = op, module, prefix
 
     def new_key(self) -> str:
-        """A key no module of this process has had."""
-        return f"{self._prefix}{next(self._keys)}"
+        """A key no other module, of this process or another, has had."""
+        return f"{self._prefix}{uuid.uuid4().hex}"
 
     def __setitem__(self, key: str, entry) -> None:
         self._entries[key] = entry

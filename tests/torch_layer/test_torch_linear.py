@@ -1,5 +1,7 @@
-"""qkern.torch.WoqLinear (zero copy, one packed copy, errors, state_dict, copies) and
-swap_linears on a small MLP against the float model under a derived bound.
+"""qkern.torch.WoqLinear (zero copy, one packed copy, errors, state_dict, copies),
+swap_linears on a small MLP against the float model under a derived bound, and
+swap_linears on shared linears, transformer encoders and linears it cannot convert
+(all or nothing); layer keys that another process's program does not find.
 """
 
 import copy
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 import qkern
+from process_support import run_python
 from qkern.packing import PackedWeight
 from reference import BF16, DTYPES, U_OUT, woq_bound
 
@@ -227,3 +230,122 @@ def test_swapped_mlp_within_quantization_bound(dtype):
     if U_OUT[dtype] == 0:
         # In float32 the error from the float model is the weight quantization's.
         assert err.max() > bound_q.max()
+
+
+@pytest.mark.parametrize("n_bits", [8, 4])
+def test_swap_linears_keeps_a_shared_linear_shared(n_bits):
+    """A Linear in two places of one parent (``named_children`` lists it once) and
+    one held by two parents: every place gets the one new layer of that Linear."""
+    torch.manual_seed(4)
+    twice = torch.nn.Linear(32, 32)
+    shared = torch.nn.Linear(32, 32)
+    model = torch.nn.Sequential(twice, torch.nn.ReLU(), twice, torch.nn.Sequential(shared),
+                                torch.nn.Sequential(shared))
+    expect = model(torch.ones(1, 32))
+    assert qt.swap_linears(model, bits=n_bits, group_size=32) is model
+    kind = qt.WoqLinear if n_bits == 8 else qt.Int4Linear
+    assert [type(m) for m in (model[0], model[2], model[3][0], model[4][0])] == [kind] * 4
+    assert model[0] is model[2] and model[3][0] is model[4][0] and model[0] is not model[3][0]
+    assert len(list(model.modules())) == 6  # the model, ReLU, two layers, two Sequentials
+    got = model(torch.ones(1, 32))
+    assert (got - expect).abs().max() < 0.25 * expect.abs().max()
+
+
+class _Encoder(torch.nn.Module):
+    """A batch-first transformer encoder and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2)
+        self.head = torch.nn.Linear(16, 8)
+
+    def forward(self, x, padding=None):
+        return self.head(self.encoder(x, src_key_padding_mask=padding))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_swapped_transformer_encoder_runs_in_eval_without_grad():
+    """In eval without grad, nn.TransformerEncoderLayer's fast path reads linear1.weight
+    and linear2.weight itself (and nn.TransformerEncoder its first layer's), so those
+    stay nn.Linear: the encoder runs as the float one, fast path and nested tensors
+    included, and the head is swapped."""
+    torch.manual_seed(5)
+    model = _Encoder().eval()
+    swapped = qt.swap_linears(copy.deepcopy(model))
+    x = torch.randn(2, 5, 16)
+    padding = torch.tensor([[False, False, False, True, True], [False] * 5])
+    for context in (torch.no_grad, torch.inference_mode):
+        for mask in (None, padding):
+            with context():
+                hidden = model.encoder(x, src_key_padding_mask=mask)
+                assert torch.equal(swapped(x, mask), swapped.head(hidden))
+    assert type(swapped.head) is qt.WoqLinear
+    for layer in swapped.encoder.layers:
+        assert type(layer.linear1) is type(layer.linear2) is torch.nn.Linear
+    layer = qt.swap_linears(copy.deepcopy(model.encoder.layers[0]))
+    with torch.no_grad():
+        assert torch.equal(layer(x), model.encoder.layers[0](x))
+
+
+def _nan_linear():
+    linear = torch.nn.Linear(8, 8)
+    with torch.no_grad():
+        linear.weight[0, 0] = float("nan")
+    return linear
+
+
+@pytest.mark.parametrize("late, exc, match", [
+    (lambda: torch.nn.Linear(8, 8).double(), TypeError, "dtype: expected torch.float32"),
+    (_nan_linear, ValueError, "inf or NaN"),
+    (lambda: torch.nn.Linear(8, 8, device="meta"), ValueError,
+     "weight: expected a CPU tensor, got device meta"),
+], ids=["float64", "nan", "meta"])
+def test_swap_linears_fails_without_changing_the_model(late, exc, match):
+    """A Linear that cannot be converted, after one that can: nothing is replaced."""
+    first, nested, failing = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), late()
+    model = torch.nn.Sequential(first, torch.nn.Sequential(nested), failing)
+    with pytest.raises(exc, match=match):
+        qt.swap_linears(model)
+    assert model[0] is first and model[1][0] is nested and model[2] is failing
+
+
+@pytest.mark.parametrize("n_bits", [8, 4])
+def test_a_meta_linear_is_refused_alike_at_8_and_4_bits(n_bits):
+    """The int8 path checks the device before quantizing, as the int4 path does."""
+    with pytest.raises(ValueError, match="weight: expected a CPU tensor, got device meta"):
+        qt.swap_linears(torch.nn.Linear(64, 8, device="meta"), bits=n_bits, group_size=32)
+
+
+EXPORT = """
+import torch
+import qkern.torch as qt
+
+torch.manual_seed(SEED)
+x = torch.ones(1, 64)
+for bits in (8, 4):
+    model = qt.swap_linears(torch.nn.Sequential(torch.nn.Linear(64, 32)), bits=bits,
+                            group_size=32)
+    path = f"{DIR}/int{bits}.pt2"
+    if SAVE:
+        torch.export.save(torch.export.export(model, (x,)), path)
+        continue
+    try:
+        torch.export.load(path).module()(x)
+    except RuntimeError as exc:
+        print(exc)
+    else:
+        print("ran with a layer of this process")
+"""
+
+
+def test_an_exported_program_finds_no_layer_of_another_process(tmp_path):
+    """Keys are unique across processes: a program exported in one process and loaded
+    in another, which has its own layers of the same architecture, names none of them."""
+    for seed, save in ((0, True), (1, False)):
+        proc = run_python(f"SEED, DIR, SAVE = {seed}, {str(tmp_path)!r}, {save}\n" + EXPORT)
+        assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2
+    for line, module in zip(lines, ("WoqLinear", "Int4Linear")):
+        assert f"no live qkern.torch.{module} with key" in line, line
