@@ -16,8 +16,8 @@ import torch
 from qkern.qconv import as_float, geometry, padding_pairs, pair
 from qkern.torch._interop import DTYPES
 
-__all__ = ["check_mm", "check_type", "check_value", "check_weights", "check_x", "conv_args",
-           "conv_shape", "pads", "scale_tensor"]
+__all__ = ["check_mm", "check_type", "check_value", "check_weights", "check_x", "check_x_dtype",
+           "check_x_shape", "conv_args", "conv_shape", "pads", "scale_tensor"]
 
 
 def check_value(cond, message) -> None:
@@ -35,22 +35,37 @@ def check_type(cond, message) -> None:
         torch._check_type(cond, message)
 
 
-def check_x(x, k, dtype) -> None:
-    """Check the activation tensor against a weight of K columns and ``dtype`` scales."""
+def check_x_dtype(x) -> None:
+    """Check that the activation tensor is on the CPU, in an activation dtype.
+
+    The GEMM ops check this first, as the dtype of their scales is checked
+    against ``x``'s.
+    """
     check_value(x.device.type == "cpu",
                 lambda: f"x: expected a CPU tensor, got device {x.device}")
     check_type(x.dtype in DTYPES,
                lambda: f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
-    check_type(x.dtype == dtype,
-               lambda: f"x: expected dtype {dtype} (the dtype of the scales), got {x.dtype}")
+
+
+def check_x_shape(x, k) -> None:
+    """Check the activation tensor's shape against a weight of K columns."""
     check_value(x.dim() >= 1, lambda: "x: expected shape (..., K), got a 0-d tensor")
     check_value(x.shape[-1] == k,
                 lambda: f"x: expected last dimension K={k} (from w), got shape "
                         f"{tuple(x.shape)}")
 
 
+def check_x(x, k, dtype) -> None:
+    """Check the activation tensor against a weight of K columns and ``dtype`` scales."""
+    check_x_dtype(x)
+    check_type(x.dtype == dtype,
+               lambda: f"x: expected dtype {dtype} (the dtype of the scales), got {x.dtype}")
+    check_x_shape(x, k)
+
+
 def check_mm(x, w, scales) -> None:
     """The argument checks of ``qkern::weight_int8pack_mm``."""
+    check_x_dtype(x)
     for name, t in (("w", w), ("scales", scales)):
         check_value(t.device.type == "cpu",
                     lambda: f"{name}: expected a CPU tensor, got device {t.device}")
@@ -63,7 +78,7 @@ def check_mm(x, w, scales) -> None:
     check_value(scales.dim() == 1 and scales.shape[0] == w.shape[0],
                 lambda: f"scales: expected shape ({w.shape[0]},) to match w's N, got "
                         f"{tuple(scales.shape)}")
-    check_x(x, w.shape[1], scales.dtype)
+    check_x_shape(x, w.shape[1])
 
 
 def check_weights(w, bias, weight_scale, device) -> None:

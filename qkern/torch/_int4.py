@@ -12,14 +12,12 @@ positions (and refuses a packing that is not a reordering of the values).
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 from torch import nn
 
 import qkern
-from qkern.torch._checks import check_type, check_value, check_x
+from qkern.torch._checks import check_type, check_value, check_x_dtype, check_x_shape
 from qkern.torch._interop import DTYPES, TORCH_DTYPES, as_numpy, define_op, from_numpy, run_into
 from qkern.torch._registry import LiveRegistry, define_linear_op, load_layer_state
 
@@ -27,6 +25,7 @@ __all__ = ["Int4Linear", "int4_from_torch_packed", "weight_int4pack_mm"]
 
 
 def _check_int4_mm(x, w_packed, group_size, scales_and_zeros) -> None:
+    check_x_dtype(x)
     for name, t in (("w_packed", w_packed), ("scales_and_zeros", scales_and_zeros)):
         check_value(t.device.type == "cpu", lambda name=name, t=t:
                     f"{name}: expected a CPU tensor, got device {t.device}")
@@ -52,7 +51,7 @@ def _check_int4_mm(x, w_packed, group_size, scales_and_zeros) -> None:
         and (scales_and_zeros.shape[1] + 31) // 32 == w_packed.shape[0],
         lambda: f"scales_and_zeros: expected shape ({k // group_size}, N, 2) with N in the "
                 f"{w_packed.shape[0]} panels of w_packed, got {tuple(scales_and_zeros.shape)}")
-    check_x(x, k, scales_and_zeros.dtype)
+    check_x_shape(x, k)
 
 
 def _weight_int4pack_mm_eager(x: torch.Tensor, w_packed: torch.Tensor, group_size: int,
@@ -121,25 +120,41 @@ def _nibbles(packed: torch.Tensor) -> np.ndarray:
     return np.stack([b & 15, b >> 4], axis=-1).reshape(-1)
 
 
-@functools.lru_cache(maxsize=4)
+def _is_permutation(positions: np.ndarray) -> bool:
+    """Whether the int32 ``positions`` hold each of ``0 .. positions.size - 1`` once."""
+    size = positions.size
+    if size and positions.view(np.uint32).max() >= size:  # a negative one is >= 2**31 too
+        return False
+    seen = np.zeros(size, bool)
+    seen[positions] = True
+    return bool(seen.all())
+
+
 def _torch_int4_positions(n: int, k: int) -> np.ndarray:
     """Where ``torch._convert_weight_to_int4pack_for_cpu`` on this machine puts
     each value of an ``(n, k)`` weight: entry j is the flat index ``n * K + k``
-    of the value held by nibble j of the packed bytes."""
+    of the value held by nibble j of the packed bytes.
+
+    Learned from one probe per hexadecimal digit of the flat indices (each
+    value set to that digit of its own index). The int32 buffers, 4 bytes a
+    weight each, go when the conversion returns: nothing is kept.
+    """
     size = n * k
     if size >= 2**31:
         raise ValueError(f"an ({n}, {k}) weight is too large to convert")
-    index = np.arange(size, dtype=np.int64).reshape(n, k)
-    positions = np.zeros(size, np.int32)
+    index = np.arange(size, dtype=np.int32)
+    probe = np.empty_like(index)
+    positions = np.zeros_like(index)
     for digit in range(max(1, -(-(size - 1).bit_length() // 4))):
-        probe = torch.from_numpy(((index >> (4 * digit)) & 15).astype(np.int32))
-        nib = _nibbles(torch._convert_weight_to_int4pack_for_cpu(probe, 1))
+        np.right_shift(index, 4 * digit, out=probe)
+        probe &= 15
+        nib = _nibbles(torch._convert_weight_to_int4pack_for_cpu(
+            torch.from_numpy(probe).view(n, k), 1))
         if nib.size != size:
             raise ValueError(f"PyTorch packed an ({n}, {k}) weight into {nib.size} values")
         positions |= nib.astype(np.int32) << (4 * digit)
-    if not np.array_equal(np.sort(positions), np.arange(size, dtype=np.int32)):
+    if not _is_permutation(positions):
         raise ValueError("PyTorch's int4 packing here is not a reordering of the values")
-    positions.flags.writeable = False
     return positions
 
 
@@ -150,7 +165,8 @@ def int4_from_torch_packed(packed: torch.Tensor, n: int, k: int) -> np.ndarray:
     Parameters
     ----------
     packed : torch.Tensor
-        uint8, from ``torch._convert_weight_to_int4pack_for_cpu(q, ...)``.
+        uint8, shape ``(N, K / 2)``, from
+        ``torch._convert_weight_to_int4pack_for_cpu(q, ...)``.
     n, k : int
         The shape of ``q``.
 
@@ -162,8 +178,9 @@ def int4_from_torch_packed(packed: torch.Tensor, n: int, k: int) -> np.ndarray:
     Raises
     ------
     ValueError
-        If ``packed`` has not ``n * k / 2`` bytes, or PyTorch's packing here
-        is not a reordering of the values.
+        If ``packed`` has not the shape ``(n, k / 2)`` (so ``n`` and ``k``
+        swapped are refused), or PyTorch's packing here is not a reordering
+        of the values.
 
     Notes
     -----
@@ -182,8 +199,9 @@ def int4_from_torch_packed(packed: torch.Tensor, n: int, k: int) -> np.ndarray:
     """
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
         raise TypeError(f"packed: expected a uint8 torch.Tensor, got {packed!r:.80}")
-    if packed.numel() * 2 != n * k:
-        raise ValueError(f"packed: {packed.numel()} bytes do not hold an ({n}, {k}) int4 weight")
+    if tuple(packed.shape) != (n, k / 2):  # never equal for an odd k: PyTorch refuses one
+        raise ValueError(f"packed: shape {tuple(packed.shape)} is not ({n}, {k / 2:g}), the "
+                         f"shape of an ({n}, {k}) int4 weight packed by PyTorch")
     q = np.empty(n * k, np.uint8)
     q[_torch_int4_positions(n, k)] = _nibbles(packed.cpu())
     return q.reshape(n, k)

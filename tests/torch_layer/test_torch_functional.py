@@ -158,6 +158,16 @@ def test_op_bad_arguments(change, exc, match):
         qt.weight_int8pack_mm(*change(*_ok()))
 
 
+@pytest.mark.parametrize("name", ["weight_int8pack_mm", "weight_int4pack_mm"])
+def test_an_x_of_no_activation_dtype_is_named_before_the_scales(name):
+    """float64 x with float32 scales: the error is x's dtype, not the scales' (which
+    would then have to be float64, a dtype no op takes)."""
+    tx, call, args = _gemm_call(name)
+    with pytest.raises(TypeError, match="x: expected dtype float32, float16 or bfloat16, got "
+                                        "torch.float64"):
+        call(tx.double())
+
+
 def test_op_bad_arguments_raise_when_compiled_too():
     """The fake implementation checks as the eager one does, at trace time."""
     f = torch.compile(qt.weight_int8pack_mm, backend="eager", fullgraph=True)

@@ -1,5 +1,6 @@
 """int4 in the torch layer: parity with torch._weight_int4pack_mm_for_cpu
-through PyTorch's own packing (int4_from_torch_packed), the op
+through PyTorch's own packing (int4_from_torch_packed, its shape check and
+the table it does not keep), the op
 qkern::weight_int4pack_mm, qkern.torch.Int4Linear (state_dict, copies,
 torch.compile) and swap_linears(bits=4).
 
@@ -11,7 +12,9 @@ the two differ by at most the sum.
 """
 
 import copy
+import gc
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -80,23 +83,43 @@ def test_parity_with_torch_through_its_own_packing(m, n16, groups, group_size, d
     assert (err <= tol).all(), float((err - tol).max())
 
 
-def test_conversion_refuses_a_size_mismatch_and_a_packing_that_is_no_reordering(monkeypatch):
-    from qkern.torch import _int4
-
+def test_conversion_refuses_a_wrong_shape_and_a_packing_that_is_no_reordering(monkeypatch):
     q = torch.randint(0, 16, (32, 64), dtype=torch.int32)
     packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-    with pytest.raises(ValueError, match="do not hold an \\(32, 128\\) int4 weight"):
+    with pytest.raises(ValueError, match=r"packed: shape \(32, 32\) is not \(32, 64\)"):
         qt.int4_from_torch_packed(packed, 32, 128)
     with pytest.raises(TypeError, match="uint8 torch.Tensor"):
         qt.int4_from_torch_packed(packed.to(torch.int32), 32, 64)
     # a packing that loses values (as one that padded or merged would) is refused
-    _int4._torch_int4_positions.cache_clear()
     monkeypatch.setattr(torch, "_convert_weight_to_int4pack_for_cpu",
                         lambda w, tiles: torch.zeros(w.shape[0], w.shape[1] // 2,
                                                      dtype=torch.uint8))
     with pytest.raises(ValueError, match="not a reordering"):
         qt.int4_from_torch_packed(packed, 32, 64)
-    _int4._torch_int4_positions.cache_clear()
+
+
+def test_conversion_checks_the_packed_shape():
+    """PyTorch packs an (N, K) weight into an (N, K / 2) tensor: n and k swapped, or
+    the bytes in another shape, are refused (their byte count is the same), and so
+    is an odd k."""
+    q = torch.randint(0, 16, (32, 64), dtype=torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    assert tuple(packed.shape) == (32, 32)
+    for bad in ((64, 32), (16, 128), (32, 65)):
+        with pytest.raises(ValueError, match=r"packed: shape \(32, 32\) is not"):
+            qt.int4_from_torch_packed(packed, *bad)
+    with pytest.raises(ValueError, match=r"packed: shape \(1024,\) is not \(32, 32\)"):
+        qt.int4_from_torch_packed(packed.reshape(-1), 32, 64)
+
+
+def test_conversion_keeps_no_position_table():
+    """The table of where PyTorch puts each value (4 bytes a weight) goes when the
+    conversion returns: nothing of size N * K stays behind."""
+    from qkern.torch import _int4
+
+    table = weakref.ref(_int4._torch_int4_positions(64, 128))
+    gc.collect()
+    assert table() is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
