@@ -65,17 +65,20 @@ ISA_LIBRARIES = [
     (
         "qkern_avx512bf16",
         "QKERN_HAVE_AVX512_BF16",
-        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"],
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16",
+         "-mavx512vbmi"],
         "__m512bh z = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); "
-        "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), z, z); (void)v;",
+        "__m512 v = _mm512_dpbf16_ps(_mm512_setzero_ps(), z, z); (void)v; "
+        "__m512i b = _mm512_permutexvar_epi8(_mm512_setzero_si512(), _mm512_setzero_si512()); "
+        "(void)b;",
         ["src/woq/bf16-gemm-x32c2-avx512bf16.c", "src/woq/bf16-gemv-x1c0-avx512bf16.c",
          "src/woq/bf16-qb4w-gemm-x32c1-avx512bf16.c", "src/roofline/peak-vdpbf16ps-avx512bf16.c"],
     ),
     (
         "qkern_amx",
         "QKERN_HAVE_AMX",
-        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16", "-mamx-tile",
-         "-mamx-bf16"],
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16",
+         "-mavx512vbmi", "-mamx-tile", "-mamx-bf16"],
         "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();",
         ["src/woq/bf16-gemm-x32c2-amx.c", "src/woq/bf16-gemv-x1c0-amx.c",
          "src/woq/tile-qb4w-gemm-x32c1-amx.c",

@@ -5,7 +5,7 @@
  * port run a mix of 4 + 4 in the time of 4 alone; two that share every
  * port, in the time of 8.  Build and run on a CPU with AVX-512-BF16:
  *
- *   cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma \
+ *   cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mavx512vbmi -mfma \
  *       benchmarks/port_mix.c -o port_mix && ./port_mix
  *
  * Each loop iteration issues eight independent instructions on inputs an
@@ -50,6 +50,7 @@ static int line[64] __attribute__((aligned(64))); /* 8 x 32 bytes */
 
 /* The instructions, each on register r (or the L1 line) with t. */
 #define VPERMW(r, n) USE(_mm512_permutexvar_epi16(r, t));
+#define VPERMB(r, n) USE(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, r, t));
 #define VPERMPS(r, n) USE(_mm512_permutexvar_ps(r, _mm512_castsi512_ps(t)));
 #define VPERMT2W(r, n) USE(_mm512_permutex2var_epi16(r, t, u));
 #define VPSRLW(r, n) USE(_mm512_srli_epi16(r, 4));
@@ -106,6 +107,7 @@ int main(void) {
   MIX(hz, VPERMW, VPERMW);
   MIX(hz, VPERMPS, VPERMPS);
   MIX(hz, VPERMT2W, VPERMT2W);
+  MIX(hz, VPERMB, VPERMB);
   MIX(hz, VPMOVZXBW, VPMOVZXBW);
   MIX(hz, VPMOVZXBD, VPMOVZXBD);
   MIX(hz, VPSRLW, VPSRLW);
@@ -117,6 +119,9 @@ int main(void) {
   MIX(hz, VPBROADCASTD, VPBROADCASTD);
   MIX(hz, VPERMW, VPERMPS);
   MIX(hz, VPERMW, VPMOVZXBW);
+  MIX(hz, VPERMB, VPERMW);
+  MIX(hz, VPERMB, VPSRLW);
+  MIX(hz, VPERMB, VDPBF16PS);
   MIX(hz, VPERMPS, VPMOVZXBD);
   MIX(hz, VPERMW, VPSRLW);
   MIX(hz, VPERMPS, VPSRLD);

@@ -11,6 +11,7 @@ cdef extern from "qkern/cpu.h":
         int avx512bw
         int avx512vl
         int avx512_bf16
+        int avx512_vbmi
         int avx512_fp16
         int avx512_vnni
         int amx_tile

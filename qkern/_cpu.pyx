@@ -21,6 +21,7 @@ def detect():
         "avx512bw": bool(f.avx512bw),
         "avx512vl": bool(f.avx512vl),
         "avx512_bf16": bool(f.avx512_bf16),
+        "avx512_vbmi": bool(f.avx512_vbmi),
         "avx512_fp16": bool(f.avx512_fp16),
         "avx512_vnni": bool(f.avx512_vnni),
         "amx_tile": bool(f.amx_tile),

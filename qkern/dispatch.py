@@ -155,7 +155,7 @@ _ISA_REQUIRES = {
     "ref": (),
     "avx2": ("avx2", "fma", "f16c"),
     "avx512": ("avx512f", "avx512bw", "avx512vl"),
-    "avx512_bf16": ("avx512_bf16",),
+    "avx512_bf16": ("avx512_bf16", "avx512_vbmi"),
     "amx": ("amx_tile", "amx_bf16"),
 }
 
@@ -179,7 +179,7 @@ def cpu_features() -> dict:
     -------
     dict
         ``{name: bool}`` for ``avx2``, ``fma``, ``f16c``, ``avx512f``,
-        ``avx512bw``, ``avx512vl``, ``avx512_bf16``, ``avx512_fp16``,
+        ``avx512bw``, ``avx512vl``, ``avx512_bf16``, ``avx512_vbmi``, ``avx512_fp16``,
         ``avx512_vnni``, ``amx_tile``, ``amx_bf16``, ``amx_int8``.
 
     Examples

@@ -23,6 +23,7 @@ typedef struct qk_cpu_features {
   int avx512bw;
   int avx512vl;
   int avx512_bf16;
+  int avx512_vbmi;
   int avx512_fp16;
   int avx512_vnni;
   int amx_tile;

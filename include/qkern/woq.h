@@ -90,7 +90,7 @@ typedef enum qk_isa {
   QK_ISA_REF = 0,
   QK_ISA_AVX2 = 1,        /* AVX2 + FMA + F16C */
   QK_ISA_AVX512 = 2,      /* AVX-512 F/BW/VL + FMA + F16C */
-  QK_ISA_AVX512_BF16 = 3, /* the above + AVX512_BF16 */
+  QK_ISA_AVX512_BF16 = 3, /* the above + AVX512_BF16 and AVX512_VBMI */
   QK_ISA_AMX = 4          /* the above + AMX-TILE/BF16 */
 } qk_isa;
 

@@ -62,6 +62,7 @@ void qk_cpu_detect(qk_cpu_features* f) {
     f->avx512f = (b >> 16) & 1;
     f->avx512bw = (b >> 30) & 1;
     f->avx512vl = (b >> 31) & 1;
+    f->avx512_vbmi = (c >> 1) & 1;
     f->avx512_vnni = (c >> 11) & 1;
     f->avx512_fp16 = (d >> 23) & 1;
   }

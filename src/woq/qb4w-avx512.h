@@ -71,19 +71,26 @@ static const uint16_t qk512_qb4w_pair_rows[32]
     __attribute__((aligned(64))) = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
-/* The 32 bytes of packed int4 rows k and k + 1 at row -> the (q[k],
- * q[k+1]) bf16 pairs of columns 0..15 (*q0) and 16..31 (*q1), the operand
- * order of vdpbf16ps and of an AMX B tile row: a zero-extension to words,
- * one word permutation pairing the rows column by column, and a lookup of
- * q -> bf16(q) (exact) of each word (low nibble) and of it shifted right
- * by 4 (high nibble).  pairs and table are qk512_qb4w_pair_rows and
- * qk512_qb4w_bf16_of_q, loaded. */
-QK_INLINE void qk512_qb4w_widen_pair(const uint8_t* row, __m512i pairs, __m512i table, __m512i* q0,
-                                     __m512i* q1) {
-  const __m512i b = _mm512_permutexvar_epi16(
-      pairs, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)row)));
+/* 32 words b, each a byte of packed int4 (its high byte 0), paired (q[k],
+ * q[k+1]) column by column -> the bf16 pairs of columns 0..15 (*q0: the
+ * low nibbles) and 16..31 (*q1: b shifted right by 4), the operand order
+ * of vdpbf16ps and of an AMX B tile row: a lookup of q -> bf16(q) (exact)
+ * in table, qk512_qb4w_bf16_of_q loaded. */
+QK_INLINE void qk512_qb4w_bf16_pairs(__m512i b, __m512i table, __m512i* q0, __m512i* q1) {
   *q0 = _mm512_permutexvar_epi16(b, table);
   *q1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+}
+
+/* The 32 bytes of packed int4 rows k and k + 1 at row -> their bf16 pairs
+ * (qk512_qb4w_bf16_pairs) after a zero-extension to words and one word
+ * permutation pairing the rows column by column (pairs:
+ * qk512_qb4w_pair_rows, loaded; the AVX-512-BF16 kernel pairs them with
+ * one vpermb instead, the same bits). */
+QK_INLINE void qk512_qb4w_widen_pair(const uint8_t* row, __m512i pairs, __m512i table, __m512i* q0,
+                                     __m512i* q1) {
+  qk512_qb4w_bf16_pairs(_mm512_permutexvar_epi16(
+                            pairs, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)row))),
+                        table, q0, q1);
 }
 
 /* `pairs_count` pairs of packed int4 k-rows from rows (32 bytes a pair)

@@ -12,7 +12,7 @@ import qkern
 from qkern import dispatch
 
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-            "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+            "avx512_vbmi", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
 def _python(code, **env):
@@ -43,9 +43,20 @@ def test_cpu_features_match_proc_cpuinfo():
     f = qkern.cpu_features()
     for name, flag in [("avx2", "avx2"), ("fma", "fma"), ("f16c", "f16c"),
                        ("avx512f", "avx512f"), ("avx512bw", "avx512bw"),
-                       ("avx512_bf16", "avx512_bf16"), ("avx512_vnni", "avx512_vnni"),
+                       ("avx512_bf16", "avx512_bf16"), ("avx512_vbmi", "avx512vbmi"),
+                       ("avx512_vnni", "avx512_vnni"),
                        ("amx_bf16", "amx_bf16")]:
         assert f[name] == (flag in flags), name
+
+
+def test_a_cpu_with_avx512_bf16_but_no_vbmi_stops_at_avx512(monkeypatch):
+    """The avx512_bf16 level needs AVX512_VBMI too (the bfloat16 int4
+    kernel's vpermb): a Cooper Lake, BF16 without VBMI, runs avx512."""
+    features = {name: True for name in FEATURES} | {"amx_tile": False, "amx_bf16": False}
+    monkeypatch.setattr(dispatch, "_FEATURES", features)
+    assert dispatch.ISA_LEVELS[dispatch._cpu_level()] == "avx512_bf16"
+    monkeypatch.setitem(features, "avx512_vbmi", False)
+    assert dispatch.ISA_LEVELS[dispatch._cpu_level()] == "avx512"
 
 
 def test_registry_entries():
