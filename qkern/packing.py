@@ -26,6 +26,23 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
+def freeze(a: np.ndarray) -> np.ndarray:
+    """``a``, read-only from now on, and so the base it views (an
+    :func:`aligned_empty` buffer): no view of it can be made writeable."""
+    a.flags.writeable = False
+    if isinstance(a.base, np.ndarray):
+        a.base.flags.writeable = False
+    return a
+
+
+def read_only_view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (for a :func:`freeze`-d ``a``, one that
+    stays read-only)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def _check_layout(layout) -> tuple:
     layouts = {k.layout for k in REGISTRY if k.weight_format == FORMAT}
     if not isinstance(layout, tuple) or tuple(layout) not in layouts:
@@ -86,7 +103,7 @@ class PackedWeight:
         self._shape = w.shape
         self._data = aligned_empty(_woq.packed_size(*self.shape, *self.layout))
         _woq.pack(w, *self.layout, self._data)
-        self._data.flags.writeable = False
+        freeze(self._data)
 
     @property
     def shape(self) -> tuple:
@@ -105,8 +122,9 @@ class PackedWeight:
 
     @property
     def data(self) -> np.ndarray:
-        """The packed bytes, a read-only 1-D int8 array (what the kernels read)."""
-        return self._data
+        """The packed bytes, a read-only view of a 1-D int8 array (what the
+        kernels read)."""
+        return read_only_view(self._data)
 
     def unpack(self) -> np.ndarray:
         """The ``(N, K)`` int8 weight, unpacked in C (a new array)."""
@@ -123,8 +141,7 @@ class PackedWeight:
             raise ValueError(f"{kernel.name} reads layout {kernel.layout}, not {self.layout}")
         out = aligned_empty(_woq.widened_size(kernel.index, *self.shape))
         _woq.widen_weight(kernel.index, self._data, *self.shape, out.view(np.uint8))
-        out.flags.writeable = False
-        return out
+        return freeze(out)
 
     def repacked(self, layout) -> PackedWeight:
         """This weight in ``layout``: itself when it is already, else packed anew."""
@@ -155,7 +172,7 @@ class PackedWeight:
         self._shape, self._layout = shape, layout
         self._data = aligned_empty(len(data))
         self._data[:] = np.frombuffer(data, np.int8)
-        self._data.flags.writeable = False
+        freeze(self._data)
 
     def __repr__(self) -> str:
         n, k = self.shape

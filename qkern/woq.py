@@ -24,14 +24,10 @@ from qkern.dispatch import (
     get_kernel,
     widened_copy_fits,
 )
-from qkern.packing import PackedWeight, check_int8_weight
+from qkern.packing import PackedWeight, check_int8_weight, freeze, read_only_view
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    view = a.view()
-    view.flags.writeable = False
-    return view
 
 
 def _check_array(name: str, a, ndim: int | None = None) -> np.ndarray:
@@ -351,8 +347,8 @@ class WoqLinear:
         layout = self._forced.layout if self._forced else choose_layout(self.dtype)
         self._weight = (w.repacked(layout) if isinstance(w, PackedWeight)
                         else PackedWeight(w, layout))
-        self._scales = scales.copy()
-        self._bias = None if bias is None else bias.copy()
+        self._scales = freeze(scales.copy())
+        self._bias = None if bias is None else freeze(bias.copy())
         self._scale_f32 = _padded_f32(scales, layout[0])
         self._bias_f32 = _padded_f32(bias, layout[0])
         self._memory_budget = tuning.check_memory_budget(memory_budget)
@@ -398,12 +394,12 @@ class WoqLinear:
     @property
     def scales(self) -> np.ndarray:
         """The per-channel scales, shape ``(N,)``, dtype :attr:`dtype` (a read-only view)."""
-        return _read_only(self._scales)
+        return read_only_view(self._scales)
 
     @property
     def bias(self) -> np.ndarray | None:
         """The bias, shape ``(N,)``, dtype :attr:`dtype` (a read-only view), or None."""
-        return None if self._bias is None else _read_only(self._bias)
+        return None if self._bias is None else read_only_view(self._bias)
 
     def kernel_for(self, m: int, num_threads=None) -> Kernel:
         """The kernel a call with ``m`` rows of activations (and

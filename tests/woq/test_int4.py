@@ -398,7 +398,10 @@ def test_int4_linear_holds_one_packed_copy_pickles_and_refuses_int8_kernels():
     q, sz = qkern.quantize_int4(w, 128)
     assert np.array_equal(layer.weight(), q) and layer.shape == (70, 256)
     assert layer.nbytes == 3 * 256 * 16 + sz.nbytes + 70 * 2 + 96 * 4
-    assert not layer.packed_weight.flags.writeable and not layer.scales_and_zeros.flags.writeable
+    for view in (layer.packed_weight, layer.scales_and_zeros, layer.bias):
+        assert not view.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):  # nor can it be made so
+            view.flags.writeable = True
     x = rng.standard_normal((5, 256)).astype(BF16)
     y = layer(x)
     assert_int4_close(y, x, q, sz, 128, bias, **int4_bound_traits(x))

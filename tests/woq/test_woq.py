@@ -153,7 +153,10 @@ def test_woqlinear_pickle_nbytes_weight_roundtrip():
     layer = qkern.WoqLinear(w, s, b)
     assert np.array_equal(layer.weight(), w)
     assert np.array_equal(layer.scales, s) and np.array_equal(layer.bias, b)
-    assert not layer.scales.flags.writeable and not layer.bias.flags.writeable
+    for view in (layer.scales, layer.bias, layer.packed_weight.data):
+        assert not view.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):  # nor can it be made so
+            view.flags.writeable = True
     assert qkern.WoqLinear(w, s).bias is None
     nr, kr = layer.layout
     packed = 45 // nr * nr * (-(-77 // kr) * kr) + 45 % nr * 77  # a partial panel as rows
