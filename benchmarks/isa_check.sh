@@ -15,7 +15,7 @@
 #           kernels (qkern.dispatch.AMX_FROM_M);
 #   avx512  int8 on packed panels against the f32w copy widened
 #           beforehand, int4 against the kernel on dequantized weights,
-#           where the CPU has AVX-512-BF16 the vdpbf16ps kernels against
+#           where the CPU has AVX-512-BF16 (and VBMI) the vdpbf16ps kernels against
 #           the FMA ones on bfloat16 x (qkern.dispatch.AVX512_BF16_FROM_M,
 #           per CPU vendor), and with TUNE=1 the tuner's runs of both
 #           formats (docs/tuning.rst).
@@ -69,7 +69,8 @@ else
     --weights int8,int8-widened,int4:f32_qb4w_gemm_8x32c1__avx512,int4-dequantized \
     --dtypes float32 --threads 1,2 \
     --copies 4 --reps 8 | tee "$OUT/minof-avx512.txt"
-  if grep -qx avx512_bf16 "$OUT/cpu.txt"; then
+  # the avx512_bf16 level needs AVX512_VBMI too (qkern.dispatch._ISA_REQUIRES)
+  if grep -qx avx512_bf16 "$OUT/cpu.txt" && grep -qx avx512vbmi "$OUT/cpu.txt"; then
     $PY benchmarks/woq_minof.py 4096:4096:1 11008:4096:1 --dtypes bfloat16 --threads 1,2 \
       --weights int8:bf16_gemm_1x32c2__avx512bf16,int8:f32_gemm_1x32c2__avx512,int4:bf16_qb4w_gemm_8x32c1__avx512bf16,int4:f32_qb4w_gemm_8x32c1__avx512 \
       --copies 4 --reps 12 | tee "$OUT/minof-bf16.txt"

@@ -3,7 +3,8 @@
  * issue, alone and in pairs, in core cycles (clock measured by a chain of
  * dependent integer adds, one per cycle).  Two instructions that share no
  * port run a mix of 4 + 4 in the time of 4 alone; two that share every
- * port, in the time of 8.  Build and run on a CPU with AVX-512-BF16:
+ * port, in the time of 8.  Build and run on a CPU with AVX-512-BF16 and
+ * VBMI (vpermb):
  *
  *   cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mavx512vbmi -mfma \
  *       benchmarks/port_mix.c -o port_mix && ./port_mix

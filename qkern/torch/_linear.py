@@ -181,7 +181,7 @@ def swap_linears(model: nn.Module, *, dtype: torch.dtype | None = None, bits: in
     parents) is quantized once, and the one new layer goes in every place,
     so the model shares it as it shared the linear. Every new layer is
     built before any is put in place: on an error, the model is left as it
-    was.
+    was (meanwhile the float weights and the new layers are held together).
 
     Parameters
     ----------
