@@ -296,6 +296,7 @@ class _Store:
 
     def __init__(self):
         self.memory = LruCache(maxsize=1 << 16)
+        self.tuning = threading.Lock()  # one key tuned at a time: see sibling_compute
         self._file_lock = threading.Lock()
         self._loaded_from = None
         self._from_file: dict = {}
@@ -385,6 +386,18 @@ class _Store:
                 self._from_file = self._read(path, warn=True)[0]
                 self._loaded_from = path
             return self._from_file.get(key)
+
+    def sibling_compute(self, key: tuple):
+        """The compute (:func:`_compute`) of the choice of another thread
+        count for ``key``'s problem, in the file or made by this process, or
+        None; read after :meth:`lookup_file` and under :attr:`tuning`, so
+        that the first thread count tuned fixes the compute of the others."""
+        problem = key[:4] + key[5:]
+        with self._file_lock:
+            for other, choice in self._from_file.items():
+                if other[:4] + other[5:] == problem:
+                    return _compute(dispatch.get_kernel(choice.kernel))
+        return None
 
     def save(self, key: tuple, choice: Choice) -> None:
         """Add ``key`` to the file under an exclusive lock on ``tune.json.lock``
@@ -582,11 +595,20 @@ class _Problem:
         return np.array_equal(y.view(np.uint8), self.want)
 
 
-class _Search:
-    """Times candidates on one problem, best first; drops wrong ones."""
+def _compute(kern: Kernel) -> tuple:
+    """What fixes the order of a kernel's sums among the tuner's candidates:
+    its ISA level, and for int4 whether it reads dequantized weights (the
+    kernels of one compute give a row the same bits)."""
+    return kern.isa, kern.dequantizes
 
-    def __init__(self, problem: _Problem):
+
+class _Search:
+    """Times candidates on one problem, best first (of those ``allowed``
+    takes, every one by default); drops wrong ones."""
+
+    def __init__(self, problem: _Problem, allowed=lambda cand: True):
         self.problem = problem
+        self.allowed = allowed
         self.best = None
         self.best_seconds = math.inf
         self.timed = 0
@@ -611,7 +633,7 @@ class _Search:
                     break
             seconds = sorted(runs)[len(runs) // 2] if len(runs) == RUNS else math.inf
         self.seen[cand] = seconds
-        if seconds < self.best_seconds:
+        if seconds < self.best_seconds and self.allowed(cand):
             self.best, self.best_seconds = cand, seconds
         return seconds
 
@@ -691,10 +713,13 @@ def _forms(kern: Kernel, n: int, k: int, memory_budget: int) -> tuple:
 
 
 def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
-          exhaustive: bool = False, group_size: int = 0, memory_budget: int = 0) -> Choice:
+          exhaustive: bool = False, group_size: int = 0, memory_budget: int = 0,
+          compute: tuple | None = None) -> Choice:
+    """The best candidate for one key, timed; with ``compute``, of that
+    compute only (the static choice is still timed, as the reference)."""
     start = time.perf_counter()
     problem = _Problem(dtype, m, n, k, threads, layout, group_size)
-    search = _Search(problem)
+    search = _Search(problem, lambda cand: compute is None or _compute(cand.kernel) == compute)
     weight_format = dispatch.INT4 if group_size else dispatch.INT8
     static_kern = dispatch.choose_kernel(problem.dtype, m, layout, weight_format=weight_format)
     top = dispatch.top_level(problem.dtype, layout, weight_format)
@@ -726,7 +751,8 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
         raise RuntimeError(f"qkern.tune: no candidate computed dtype={dtype} M={m} N={n} K={k} "
                            "correctly (see the warnings)")
     best = search.best
-    packed = [c for c, t in search.seen.items() if not c.widened and math.isfinite(t)]
+    packed = [c for c, t in search.seen.items()
+              if not c.widened and math.isfinite(t) and search.allowed(c)]
     if best.widened and packed:
         # the copy costs memory: it must beat the best on the packed weight
         # by COPY_MIN_GAIN, side by side
@@ -737,7 +763,8 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     seconds = static_seconds = search.seen[best]
     if best != static:
         seconds, static_seconds = search.side_by_side(best, static)
-        if seconds >= static_seconds and math.isfinite(search.seen[static]):
+        if seconds >= static_seconds and math.isfinite(search.seen[static]) \
+                and search.allowed(static):
             best, seconds = static, static_seconds  # only a verified static choice
     return Choice(kernel=best.kernel.name, blocking=best.blocking, threads=best.threads,
                   seconds=seconds, static_seconds=static_seconds,
@@ -770,7 +797,10 @@ def _layout(dtype: str, group_size: int) -> tuple:
 def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None = None,
                group_size: int = 0, memory_budget: int = 0) -> Choice:
     """The tuned choice for a key: from memory, else the file, else tuned now
-    (and saved). Threads missing on one key tune it once.
+    (and saved). Threads missing on one key tune it once; one key is tuned
+    at a time, and among the kernels of the compute (the order of sums)
+    chosen for the problem at another thread count, if any, so that the
+    thread count changes no bit of a result.
 
     Parameters
     ----------
@@ -802,9 +832,11 @@ def choice_for(dtype, m: int, n: int, k: int, threads: int, layout: tuple | None
         found = _STORE.lookup_file(key)
         if found is not None:
             return found
-        choice = _tune(name, m, n, k, threads, layout, group_size=group_size,
-                       memory_budget=memory_budget if ok else 0)
-        _STORE.save(key, choice)
+        with _STORE.tuning:
+            choice = _tune(name, m, n, k, threads, layout, group_size=group_size,
+                           memory_budget=memory_budget if ok else 0,
+                           compute=_STORE.sibling_compute(key))
+            _STORE.save(key, choice)
         return choice
 
     return _STORE.memory.get(key, build)

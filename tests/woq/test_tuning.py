@@ -4,6 +4,7 @@ autotune mode of WoqLinear, and python -m qkern tune."""
 import json
 import pickle
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -204,6 +205,46 @@ def test_two_threads_tune_one_key_once(monkeypatch):
     for t in threads:
         t.join()
     assert len(calls) == 1 and got[0] == got[1]
+
+
+def test_the_first_thread_count_tuned_fixes_the_compute(monkeypatch):
+    """The thread count changes no bit, autotuned too: once one thread count
+    of a problem is tuned, the others choose among kernels of the same
+    compute, even where another would be faster."""
+    def computes(dtype, group_size):
+        layout = tuning._layout(dtype, group_size)
+        fmt = qkern.dispatch.INT4 if group_size else qkern.dispatch.INT8
+        top = qkern.dispatch.top_level(np.dtype(dtype), layout, fmt)
+        return sorted({tuning._compute(kern) for kern in tuning._kernels(dtype, layout, top, fmt)})
+
+    problems = (("bfloat16", 0, SHAPE), ("float32", 32, (3, 96, 128)))
+    cases = [(dtype, group_size, shape, computes(dtype, group_size))
+             for dtype, group_size, shape in problems]
+    cases = [case for case in cases if len(case[3]) > 1]
+    if not cases:
+        pytest.skip("every candidate here sums in one order")
+    dtype, group_size, (m, n, k), (first, *_) = cases[0]
+
+    def tuned(threads):
+        choice = tuning.choice_for(np.dtype(dtype), m, n, k, threads, group_size=group_size)
+        return tuning._compute(qkern.dispatch.get_kernel(choice.kernel))
+
+    # one thread: only the kernels of `first` compute right
+    monkeypatch.setattr(tuning, "_verify_hook",
+                        lambda cand, y: y if tuning._compute(cand.kernel) == first else y + 1)
+    with pytest.warns(RuntimeWarning, match="dropped"):
+        assert tuned(1) == first
+    # two threads: the kernels of `first` made slow, and still chosen
+    monkeypatch.setattr(tuning, "_verify_hook", None)
+    real_run = tuning._Problem.run
+
+    def slow_first(problem, cand, x):
+        if tuning._compute(cand.kernel) == first:
+            time.sleep(0.002)
+        return real_run(problem, cand, x)
+
+    monkeypatch.setattr(tuning._Problem, "run", slow_first)
+    assert tuned(2) == first
 
 
 def _corrupt_split_n(cand, y):
