@@ -27,20 +27,14 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 
 
 def freeze(a: np.ndarray) -> np.ndarray:
-    """``a``, read-only from now on, and so the base it views (an
-    :func:`aligned_empty` buffer): no view of it can be made writeable."""
+    """``a`` read-only for good: ``a`` itself where it views a buffer (an
+    :func:`aligned_empty` one), which is made read-only too, else a view of
+    it; NumPy refuses to make such a view writeable again."""
+    if not isinstance(a.base, np.ndarray):
+        a = a.view()
     a.flags.writeable = False
-    if isinstance(a.base, np.ndarray):
-        a.base.flags.writeable = False
+    a.base.flags.writeable = False
     return a
-
-
-def read_only_view(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a`` (for a :func:`freeze`-d ``a``, one that
-    stays read-only)."""
-    view = a.view()
-    view.flags.writeable = False
-    return view
 
 
 def _check_layout(layout) -> tuple:
@@ -103,7 +97,7 @@ class PackedWeight:
         self._shape = w.shape
         self._data = aligned_empty(_woq.packed_size(*self.shape, *self.layout))
         _woq.pack(w, *self.layout, self._data)
-        freeze(self._data)
+        self._data = freeze(self._data)
 
     @property
     def shape(self) -> tuple:
@@ -122,9 +116,8 @@ class PackedWeight:
 
     @property
     def data(self) -> np.ndarray:
-        """The packed bytes, a read-only view of a 1-D int8 array (what the
-        kernels read)."""
-        return read_only_view(self._data)
+        """The packed bytes, a read-only 1-D int8 array (what the kernels read)."""
+        return self._data
 
     def unpack(self) -> np.ndarray:
         """The ``(N, K)`` int8 weight, unpacked in C (a new array)."""
@@ -172,7 +165,7 @@ class PackedWeight:
         self._shape, self._layout = shape, layout
         self._data = aligned_empty(len(data))
         self._data[:] = np.frombuffer(data, np.int8)
-        freeze(self._data)
+        self._data = freeze(self._data)
 
     def __repr__(self) -> str:
         n, k = self.shape

@@ -328,26 +328,18 @@ class _Store:
         whole = [e for e in entries if isinstance(e, dict) and fields <= e.keys()]
         return whole, len(entries) - len(whole)
 
-    @classmethod
-    def _refuse_newer(cls, path: Path) -> None:
-        """Raise :class:`_NewerFile` if a newer qkern wrote ``path`` (which a
-        save must not replace); any other file, even corrupt, passes."""
-        try:
-            cls._entries(path)
-        except _NewerFile:
-            raise
-        except (OSError, ValueError):
-            pass
-
-    def _read(self, path: Path, warn: bool) -> tuple:
+    def _read(self, path: Path, warn: bool, refuse_newer: bool = False) -> tuple:
         """``(this process's choices {key: Choice}, the entries a save
         keeps: all as written but the malformed ones)``; with ``warn``, one
         warning if the file is unreadable or corrupt, one if it has
         malformed entries, one if it holds nothing for this CPU and qkern
-        version."""
+        version. With ``refuse_newer`` (a save, which must not replace such
+        a file), :class:`_NewerFile` for a file a newer qkern wrote."""
         try:
             entries, malformed = self._entries(path)
         except (OSError, ValueError) as e:
+            if refuse_newer and isinstance(e, _NewerFile):
+                raise
             if warn:
                 what = "cannot be read" if isinstance(e, OSError) else "is not a valid tuning file"
                 warnings.warn(f"qkern.tune: {path} {what} ({e}): ignored",
@@ -413,8 +405,7 @@ class _Store:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with open(path.with_name(path.name + ".lock"), "w") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
-                    self._refuse_newer(path)
-                    _, entries = self._read(path, warn=False)
+                    _, entries = self._read(path, warn=False, refuse_newer=True)
                     entries = [e for e in entries if not _own_entry_to_replace(e, entry)]
                     data = {"format": FILE_FORMAT, "entries": entries + [entry]}
                     fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)

@@ -24,7 +24,7 @@ from qkern.dispatch import (
     get_kernel,
     widened_copy_fits,
 )
-from qkern.packing import PackedWeight, check_int8_weight, freeze, read_only_view
+from qkern.packing import PackedWeight, check_int8_weight, freeze
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
 
@@ -394,12 +394,12 @@ class WoqLinear:
     @property
     def scales(self) -> np.ndarray:
         """The per-channel scales, shape ``(N,)``, dtype :attr:`dtype` (a read-only view)."""
-        return read_only_view(self._scales)
+        return self._scales
 
     @property
     def bias(self) -> np.ndarray | None:
         """The bias, shape ``(N,)``, dtype :attr:`dtype` (a read-only view), or None."""
-        return None if self._bias is None else read_only_view(self._bias)
+        return self._bias
 
     def kernel_for(self, m: int, num_threads=None) -> Kernel:
         """The kernel a call with ``m`` rows of activations (and

@@ -16,7 +16,7 @@ import numpy as np
 from qkern import _cpu, _woq, tuning
 from qkern._dtypes import dtype_name
 from qkern.dispatch import INT4, Blocking, Kernel, choose_kernel, get_kernel
-from qkern.packing import aligned_empty, freeze, read_only_view
+from qkern.packing import aligned_empty, freeze
 from qkern.woq import _check_array, _check_threads, _check_vector, _padded_f32, run_rows
 
 __all__ = ["GROUP_SIZES", "Int4Linear", "pack_int4", "quantize_int4", "unpack_int4",
@@ -318,7 +318,7 @@ class Int4Linear:
         self._shape = (n, k)
         self._packed = aligned_empty(w_packed.nbytes).view(np.uint8).reshape(w_packed.shape)
         self._packed[...] = w_packed
-        freeze(self._packed)
+        self._packed = freeze(self._packed)
         self._sz = freeze(sz.copy())
         self._bias = None if bias is None else freeze(bias.copy())
         self._bias_f32 = _padded_f32(bias, _PANEL)
@@ -339,17 +339,17 @@ class Int4Linear:
     @property
     def packed_weight(self) -> np.ndarray:
         """The packed weight (a read-only view, :func:`pack_int4`'s layout)."""
-        return read_only_view(self._packed)
+        return self._packed
 
     @property
     def scales_and_zeros(self) -> np.ndarray:
         """``(K // group_size, N, 2)``, dtype :attr:`dtype` (a read-only view)."""
-        return read_only_view(self._sz)
+        return self._sz
 
     @property
     def bias(self) -> np.ndarray | None:
         """The bias, shape ``(N,)``, dtype :attr:`dtype` (a read-only view), or None."""
-        return None if self._bias is None else read_only_view(self._bias)
+        return self._bias
 
     @property
     def nbytes(self) -> int:
