@@ -28,6 +28,12 @@ tests/fuzz.py runs the targets under atheris (coverage-guided);
 tests/tooling/test_fuzz_targets.py runs them in pytest on hypothesis-drawn bytes.
 A new entry point is one more function here, ``fuzz_<name>(data: bytes)``,
 and one more line in `TARGETS`.
+
+Arrays are compared here with ufuncs (``np.not_equal(a, b)``), never with
+operators (``a != b``): atheris 3.0 replaces each comparison operator in the
+code it instruments with a traced call that keeps its result alive, so an
+operator comparison of arrays leaks the whole result array on every call
+and the run ends at the RSS limit.
 """
 
 from __future__ import annotations
@@ -141,7 +147,7 @@ class Buffers:
             self._regions.append((buf, 0, buf.nbytes))
         elif a.size:  # runs of bytes within 2 * MARGIN of each other, plus MARGIN around
             at = np.unique(_byte_offsets(a)) + start
-            breaks = np.flatnonzero(np.diff(at) > 2 * MARGIN)
+            breaks = np.flatnonzero(np.greater(np.diff(at), 2 * MARGIN))
             for first, last in zip(np.r_[at[0], at[breaks + 1]], np.r_[at[breaks], at[-1]]):
                 self._regions.append((buf, max(first - MARGIN, 0),
                                       min(last + 1 + MARGIN, buf.nbytes)))
@@ -161,10 +167,11 @@ class Buffers:
         """No byte changed since `snapshot`, except the bytes of ``out``."""
         out_bytes = _address(out) + _byte_offsets(out) if out is not None else None
         for (buf, lo, hi), saved in zip(self._regions, self._saved):
-            changed = buf[lo:hi] != saved
+            changed = np.not_equal(buf[lo:hi], saved)
             if out_bytes is not None:
                 inside = out_bytes - (_address(buf) + lo)
-                changed[inside[(inside >= 0) & (inside < hi - lo)]] = False
+                in_region = np.logical_and(np.greater_equal(inside, 0), np.less(inside, hi - lo))
+                changed[inside[in_region]] = False
             if changed.any():
                 raise Finding(f"{int(changed.sum())} bytes changed outside out")
 
