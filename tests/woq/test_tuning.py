@@ -395,9 +395,11 @@ def _widening_kernel(dtype="float32"):
     return found[0]
 
 
-def _prefer_widened(cand, y):
-    """A verification hook: every candidate on the packed weight is wrong."""
-    return y if cand.widened else y + 1
+def _prefer_widened(kern):
+    """A verification hook: every candidate but ``kern`` on its widened copy
+    is wrong (on a CPU with AMX, a widened candidate of the other level
+    might otherwise win the timing)."""
+    return lambda cand, y: y if cand.widened and cand.kernel == kern else y + 1
 
 
 def test_a_widened_copy_is_a_candidate_only_within_the_budget(monkeypatch):
@@ -422,7 +424,7 @@ def test_budget_keys_are_apart_and_round_trip(cache_dir, monkeypatch):
     kern = _widening_kernel()
     m, n, k = SHAPE
     with pytest.warns(RuntimeWarning, match="dropped"):
-        monkeypatch.setattr(tuning, "_verify_hook", _prefer_widened)
+        monkeypatch.setattr(tuning, "_verify_hook", _prefer_widened(kern))
         widened = tuning.choice_for(np.dtype(np.float32), m, n, k, 1, memory_budget=1 << 30)
     monkeypatch.setattr(tuning, "_verify_hook", None)
     assert widened.weight_form == "widened" and widened.kernel == kern.name
@@ -456,7 +458,7 @@ def test_a_layer_on_its_widened_copy_gives_the_packed_bits(monkeypatch, dtype):
     want = layer(x, num_threads=1)
     base = layer.nbytes
     monkeypatch.setattr(tuning, "_ENV", "1")
-    monkeypatch.setattr(tuning, "_verify_hook", _prefer_widened)
+    monkeypatch.setattr(tuning, "_verify_hook", _prefer_widened(kern))
     with pytest.warns(RuntimeWarning, match="dropped"):
         got = layer(x, num_threads=1)
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
