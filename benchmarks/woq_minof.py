@@ -50,7 +50,8 @@ class _Functional:
         return qkern.weight_int8pack_mm(x, self.w, self.scales, num_threads=num_threads)
 
     def kernel_for(self, m):
-        return qkern.dispatch.choose_kernel(self.scales.dtype, m, unpacked_ok=True)
+        return qkern.dispatch.choose_kernel(self.scales.dtype, m, unpacked_ok=True,
+                                            n=self.w.shape[0])
 
 
 def _widened_layer(w, scales, x):

@@ -82,7 +82,8 @@ def kernel_lines() -> list:
 
 
 def choice_lines() -> list:
-    """The kernel :func:`qkern.dispatch.choose_kernel` picks per dtype and M, as table lines.
+    """The kernel :func:`qkern.dispatch.choose_kernel` picks per dtype and M for a wide
+    weight (N unconstrained), as table lines.
 
     Returns
     -------

@@ -121,6 +121,29 @@ WIDENED_ABOVE_ROW_BLOCKS = _read_only({"amx": {INT8: 1, INT4: 2}, "avx512_bf16":
 AMX_FROM_M = _read_only({INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
                          INT4: {"bfloat16": 3, "float16": 3, "float32": 4}})
 
+# On a CPU with AMX, the N (columns of the weight) from which the static
+# rule takes the AMX kernels, per weight format and dtype of x; narrower
+# weights run the AVX-512 FMA kernels at every M.  The AMX kernels pack x
+# into bfloat16 planes (two for float16, three for float32) that the
+# panels then read back, a cost per row that only enough panels repay, and
+# they share the panels, not the rows, among the threads (a single panel
+# runs on one).  Measured on the AMX Xeon (K = 4096, two threads, forced
+# kernels side by side, min of 7): int8 float32 at N = 32 AVX-512 1.05 ms
+# against AMX 5.10 at M = 1024 (0.51 against 1.15 at 256), at N = 128 0.24,
+# 0.95, 3.78 against 0.34, 1.04, 4.48 at M = 64, 256, 1024, at N = 256
+# even at 64 (0.47 against 0.50) and AMX from 256 (1.30 against 1.94);
+# float16 at N = 64 AMX to M = 256 but 3.77 against 3.20 at 1024, at N =
+# 128 AMX at every M (3.81 against 4.47 at 1024); bfloat16 AMX at every N
+# down to 16 but for a tie at M = 1024 with N <= 32 (1.58-1.60 against
+# 1.51).  int4 (groups of 128): float32 at N = 128 AMX to M = 256 but 5.99
+# against 5.02 at 1024, AMX at N = 256 (7.25 against 8.80); float16 at
+# N = 64 4.88 against 3.09 at M = 1024, AMX at N = 128; bfloat16 at N = 32
+# 3.76 against 2.13 at M = 1024, AMX at N = 64 (2.40 against 3.09).  An
+# N of 1 with float32 x (K = 116871, M = 18385) took 9.0 s on AMX against
+# 0.47 s on AVX-512, its packed x 1.4 GiB.
+AMX_FROM_N = _read_only({INT8: {"bfloat16": 1, "float16": 128, "float32": 256},
+                         INT4: {"bfloat16": 64, "float16": 128, "float32": 256}})
+
 # The M from which the static rule takes the AVX-512-BF16 (vdpbf16ps)
 # kernels for bfloat16 x, per CPU vendor and weight format; fewer rows, and
 # every M on a vendor not listed, run the AVX-512 FMA kernels (the tuner
@@ -508,9 +531,11 @@ def choose_layout(dtype) -> tuple:
 
 
 def choose_kernel(dtype, m: int, layout: tuple | None = None,
-                  unpacked_ok: bool = False, weight_format: str = INT8) -> Kernel:
+                  unpacked_ok: bool = False, weight_format: str = INT8,
+                  n: int | None = None) -> Kernel:
     """Pick the kernel for an (m x K) @ (K x N) problem in ``dtype`` on
-    weights of ``weight_format``.
+    weights of ``weight_format`` (``n``: N, when the caller knows it;
+    ``None`` chooses as for a wide weight).
 
     With ``unpacked_ok`` (the caller holds only the row-major weight), the
     highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``;
@@ -524,7 +549,8 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     AVX-512-BF16 below ``AVX512_BF16_FROM_M_HERE`` rows (at every M but
     on an AMD CPU: ``AVX512_BF16_FROM_M``; on the unpacked weight
     ``AVX512_BF16_UNPACKED_FROM_M``), and on a CPU with AMX
-    the AVX-512 level below ``AMX_FROM_M`` rows.  Within it, on the levels of
+    the AVX-512 level below ``AMX_FROM_M`` rows or ``AMX_FROM_N`` columns.
+    Within it, on the levels of
     ``WIDENED_ABOVE_ROW_BLOCKS``, a kernel on driver-widened panels when
     ``m`` needs more than that many of its row blocks (the widening is then
     shared, and a partial last block costs only its rows), and on the
@@ -541,9 +567,9 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     The choice is remembered for each set of arguments while the settings
     it reads (``REGISTRY``, ``AVX512_BF16_FROM_M_HERE``,
     ``AVX512_BF16_UNPACKED_FROM_M_HERE``, ``UNPACKED_CALLS``,
-    ``AMX_UNPACKED_FROM_M``, ``AMX_FROM_M``, ``WIDENED_ABOVE_ROW_BLOCKS``,
-    ``DEQUANTIZED_FROM_M``) stay equal to what they were; replacing one
-    takes effect at the next call.  They are immutable (the mappings
+    ``AMX_UNPACKED_FROM_M``, ``AMX_FROM_M``, ``AMX_FROM_N``,
+    ``WIDENED_ABOVE_ROW_BLOCKS``, ``DEQUANTIZED_FROM_M``) stay equal to
+    what they were; replacing one takes effect at the next call.  They are immutable (the mappings
     read-only); while one is not (a test's plain dict or list), nothing is
     remembered.  (A read-only mapping over a dict that its maker still
     edits is not noticed: replace a setting, never edit one.)
@@ -558,15 +584,15 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     kern = None
     if chosen is not None:
         try:
-            kern = chosen.get((name, m, layout, unpacked_ok, weight_format))
+            kern = chosen.get((name, m, layout, unpacked_ok, weight_format, n))
         except TypeError:  # an unhashable m: computed, not remembered
             chosen = None
     if kern is None:
-        kern = _static_rule(settings, name, m, layout, unpacked_ok, weight_format)
+        kern = _static_rule(settings, name, m, layout, unpacked_ok, weight_format, n)
         if chosen is not None:
             if len(chosen) >= _CHOICES_KEPT:
                 chosen.clear()
-            chosen[name, m, layout, unpacked_ok, weight_format] = kern
+            chosen[name, m, layout, unpacked_ok, weight_format, n] = kern
     return _log(kern, name, m)
 
 
@@ -580,7 +606,7 @@ _choices: tuple = ((), None)
 def _rule_settings() -> tuple:
     """The module settings the static rule reads, as they are now."""
     return (REGISTRY, AVX512_BF16_FROM_M_HERE, AVX512_BF16_UNPACKED_FROM_M_HERE,
-            UNPACKED_CALLS, AMX_UNPACKED_FROM_M, AMX_FROM_M, WIDENED_ABOVE_ROW_BLOCKS,
+            UNPACKED_CALLS, AMX_UNPACKED_FROM_M, AMX_FROM_M, AMX_FROM_N, WIDENED_ABOVE_ROW_BLOCKS,
             DEQUANTIZED_FROM_M)
 
 
@@ -595,11 +621,11 @@ def _immutable(value) -> bool:
 
 
 def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpacked_ok: bool,
-                 weight_format: str) -> Kernel:
+                 weight_format: str, n: int | None) -> Kernel:
     """:func:`choose_kernel`'s choice for dtype ``name`` under ``settings``
     (:func:`_rule_settings`), computed."""
     (registry, bf16_from_m, bf16_unpacked_from_m, unpacked_calls, amx_unpacked_from_m,
-     amx_from_m, widened_above_row_blocks, dequantized_from_m) = settings
+     amx_from_m, amx_from_n, widened_above_row_blocks, dequantized_from_m) = settings
     bf16_from = bf16_from_m.get(weight_format)
     bf16_ok = bf16_from is not None and m >= bf16_from
     unpacked = [k for k in registry
@@ -618,7 +644,9 @@ def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpac
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)
     levels = [v for v in levels if ISA_LEVELS[v] != "avx512_bf16" or bf16_ok] or levels
     top = levels[0]
-    if ISA_LEVELS[top] == "amx" and len(levels) > 1 and m < amx_from_m[weight_format][name]:
+    if ISA_LEVELS[top] == "amx" and len(levels) > 1 and (
+            m < amx_from_m[weight_format][name]
+            or (n is not None and n < amx_from_n[weight_format][name])):
         top = levels[1]
     cands = sorted((k for k in cands if ISA_LEVELS.index(k.isa) == top), key=lambda k: k.mr)
     widened_above = widened_above_row_blocks.get(ISA_LEVELS[top], {}).get(weight_format)

@@ -712,7 +712,8 @@ def _tune(dtype: str, m: int, n: int, k: int, threads: int, layout: tuple,
     problem = _Problem(dtype, m, n, k, threads, layout, group_size)
     search = _Search(problem, lambda cand: compute is None or _compute(cand.kernel) == compute)
     weight_format = dispatch.INT4 if group_size else dispatch.INT8
-    static_kern = dispatch.choose_kernel(problem.dtype, m, layout, weight_format=weight_format)
+    static_kern = dispatch.choose_kernel(problem.dtype, m, layout, weight_format=weight_format,
+                                          n=n)
     top = dispatch.top_level(problem.dtype, layout, weight_format)
     static = _Candidate(static_kern, static_kern.blocking, threads)
     search.warm_up(static)

@@ -277,7 +277,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     if bias is not None:
         bias = _check_vector("bias", bias, n, x.dtype)
     m = math.prod(x.shape[:-1]) if x.ndim else 0
-    kern = choose_kernel(x.dtype, m, unpacked_ok=True)
+    kern = choose_kernel(x.dtype, m, unpacked_ok=True, n=n)
     w_packed = w.reshape(-1) if kern.kind == "unpacked" else PackedWeight(w, kern.layout).data
     return _run(kern, x, w_packed, kern.layout, n, k, _padded_f32(scales, kern.nr),
                 _padded_f32(bias, kern.nr), out, num_threads,
@@ -421,7 +421,8 @@ class WoqLinear:
             kern = get_kernel(choice.kernel)
             widened = choice.weight_form == "widened" and self._copy_fits(kern)
             return kern, choice.blocking, choice.threads, widened
-        return choose_kernel(self.dtype, m, self.layout), blocking, num_threads, False
+        return (choose_kernel(self.dtype, m, self.layout, n=self.shape[0]), blocking, num_threads,
+                False)
 
     def _copy_fits(self, kern: Kernel) -> bool:
         """Whether ``kern`` runs on a widened copy that fits the budget."""

@@ -260,7 +260,7 @@ def weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros, *, bias=None, 
     if bias is not None:
         bias = _check_vector("bias", bias, n, x.dtype)
     m = math.prod(x.shape[:-1]) if x.ndim else 0
-    kern = choose_kernel(x.dtype, m, weight_format=INT4)
+    kern = choose_kernel(x.dtype, m, weight_format=INT4, n=n)
     inputs = (("w_packed", w_packed), ("scales_and_zeros", sz_given), ("bias", bias))
     return _run(kern, x, w_packed, n, k, group_size, sz, _padded_f32(bias, _PANEL), out,
                 num_threads, inputs)
@@ -377,7 +377,8 @@ class Int4Linear:
             choice = tuning.choice_for(self.dtype, m, n, k, threads,
                                        group_size=self.group_size)
             return get_kernel(choice.kernel), choice.blocking, choice.threads
-        return choose_kernel(self.dtype, m, weight_format=INT4), None, num_threads
+        return (choose_kernel(self.dtype, m, weight_format=INT4, n=self._shape[0]), None,
+                num_threads)
 
     def __call__(self, x, *, out=None, num_threads=None):
         """Apply the layer to ``x`` of shape ``(..., K)`` and dtype :attr:`dtype`;

@@ -699,7 +699,7 @@ class Int4Call(WoqCall):
 
     def assert_close(self, y: np.ndarray, x: np.ndarray):
         assert_int4_close(y, x, self.q, self.sz, self.group_size, self.bias,
-                          **int4_bound_traits(x))
+                          **int4_bound_traits(x, len(self.q)))
 
 
 def fuzz_weight_int4pack_mm(data: bytes):

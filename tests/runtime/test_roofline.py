@@ -298,7 +298,7 @@ def test_minof_script_times_the_functional_op_beside_the_layer(capsys):
                                             for form in ("int8", "int8-functional")]
     for r in rows[1::2]:
         assert r[5] == qkern.dispatch.choose_kernel(np.float32, int(r[2]),
-                                                   unpacked_ok=True).name
+                                                   unpacked_ok=True, n=64).name
     assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
 
 

@@ -73,12 +73,12 @@ def test_parity_with_torch_through_its_own_packing(m, n16, groups, group_size, d
     layer = qt.Int4Linear.from_torch_int4pack(torch_packed, group_size, to_torch(sz),
                                               in_features=k)
     ours = to_numpy(layer(to_torch(x)))
-    assert_int4_close(ours, x, q, sz, group_size, **int4_bound_traits(x))
+    assert_int4_close(ours, x, q, sz, group_size, **int4_bound_traits(x, len(q)))
     op = to_numpy(qt.weight_int4pack_mm(to_torch(x), torch.from_numpy(qkern.pack_int4(q)),
                                         group_size, to_torch(sz)))
     assert np.array_equal(op.view(np.uint8), ours.view(np.uint8))
-    tol = int4_bound(x, q, sz, group_size, None, dtype, **int4_bound_traits(x)) + _torch_bound(
-        x, q, sz, group_size, dtype)
+    tol = (int4_bound(x, q, sz, group_size, None, dtype, **int4_bound_traits(x, len(q)))
+           + _torch_bound(x, q, sz, group_size, dtype))
     err = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
     assert (err <= tol).all(), float((err - tol).max())
 
@@ -134,7 +134,7 @@ def test_int4_linear_module_runs_the_numpy_layer(dtype):
     y = to_numpy(layer(to_torch(x)))
     b = to_numpy(linear.bias.detach())
     assert_int4_close(y.reshape(6, 40), x.reshape(6, 128), q, sz, 64, b,
-                      **int4_bound_traits(x.reshape(6, 128)))
+                      **int4_bound_traits(x.reshape(6, 128), len(q)))
     assert layer.nbytes == layer._layer.nbytes
     with pytest.raises(TypeError, match="x: expected dtype"):
         layer(torch.zeros(2, 128, dtype=torch.float64))
@@ -204,4 +204,4 @@ def test_int4_linear_bias_and_batches(dtype):
     b = rng.standard_normal(48).astype(dtype)
     layer = qt.Int4Linear(torch.from_numpy(qkern.pack_int4(q)), 128, to_torch(sz), to_torch(b))
     y = to_numpy(layer(to_torch(x.reshape(2, 3, 256)))).reshape(6, 48)
-    assert_int4_close(y, x, q, sz, 128, b, **int4_bound_traits(x))
+    assert_int4_close(y, x, q, sz, 128, b, **int4_bound_traits(x, len(q)))

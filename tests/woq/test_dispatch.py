@@ -187,6 +187,49 @@ def test_amx_kernels_from_their_m(every_kernel):
             assert dispatch.choose_kernel(dtype, m, weight_format=dispatch.INT4).name == want
 
 
+def test_amx_kernels_from_their_n(every_kernel):
+    """On an AMX CPU, a weight narrower than AMX_FROM_N columns runs the
+    AVX-512 FMA kernels at every M, from there the AMX kernels as for a wide
+    weight (n=None); the layer and the functional op pass their N."""
+    int8 = {"bfloat16": 1, "float16": 128, "float32": 256}
+    int4 = {"bfloat16": 64, "float16": 128, "float32": 256}
+    assert dispatch.AMX_FROM_N == {dispatch.INT8: int8, dispatch.INT4: int4}
+    for name, dtype in (("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16),
+                        ("float32", np.float32)):
+        for fmt, edges in ((dispatch.INT8, int8), (dispatch.INT4, int4)):
+            for m in (8, 64, 1000):
+                wide = dispatch.choose_kernel(dtype, m, weight_format=fmt)
+                assert wide.isa == "amx", (name, fmt, m)
+                assert dispatch.choose_kernel(dtype, m, weight_format=fmt, n=edges[name]) == wide
+                assert dispatch.choose_kernel(dtype, m, weight_format=fmt, n=4096) == wide
+                if edges[name] > 1:
+                    for n in (1, edges[name] - 1):
+                        narrow = dispatch.choose_kernel(dtype, m, weight_format=fmt, n=n)
+                        assert narrow.isa == "avx512", (name, fmt, m, n)
+
+
+def test_a_narrow_layer_and_call_choose_by_their_n(monkeypatch):
+    """WoqLinear, Int4Linear and the functional ops ask the rule with their N."""
+    asked = []
+    real = dispatch.choose_kernel
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("n"))
+        return real(*args, **kwargs)
+
+    for module in (qkern.woq, qkern.woq_int4):
+        monkeypatch.setattr(module, "choose_kernel", spy)
+    x = np.ones((300, 64), np.float32)
+    w = np.ones((24, 64), np.int8)
+    s = np.ones(24, np.float32)
+    qkern.weight_int8pack_mm(x, w, s)
+    qkern.WoqLinear(w, s)(x)
+    q, sz = qkern.quantize_int4(np.ones((24, 64), np.float32), 32)
+    qkern.weight_int4pack_mm(x, qkern.pack_int4(q), 32, sz)
+    qkern.Int4Linear(qkern.pack_int4(q), 32, sz)(x)
+    assert asked and all(n == 24 for n in asked), asked
+
+
 @pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
 def test_avx512_bf16_level_from_its_m_on_amd_only(monkeypatch, vendor):
     """With every kernel up to AVX-512-BF16 available (a CPU without AMX):
@@ -322,7 +365,7 @@ def test_dequantized_int4_kernel_on_avx512_from_its_m(monkeypatch, level, packed
 
 
 @pytest.mark.parametrize("setting", ["UNPACKED_CALLS", "AMX_UNPACKED_FROM_M",
-                                     "WIDENED_ABOVE_ROW_BLOCKS", "AMX_FROM_M",
+                                     "WIDENED_ABOVE_ROW_BLOCKS", "AMX_FROM_M", "AMX_FROM_N",
                                      "AVX512_BF16_FROM_M", "AVX512_BF16_UNPACKED_FROM_M",
                                      "AVX512_BF16_FROM_M_HERE", "DEQUANTIZED_FROM_M"])
 def test_static_rule_settings_are_read_only(setting):
@@ -342,19 +385,20 @@ def test_remembered_choices_are_the_rules_and_follow_a_replaced_setting(monkeypa
     remembered or not, keeps at most _CHOICES_KEPT choices, and forgets them
     when a setting is replaced."""
     monkeypatch.setattr(dispatch, "_CHOICES_KEPT", 16)
-    calls = [(dtype, m, layout, unpacked_ok, fmt)
+    calls = [(dtype, m, layout, unpacked_ok, fmt, n)
              for dtype in ("float32", "bfloat16") for m in (1, 2, 5, 33, 64, 300)
              for fmt in (dispatch.INT8, dispatch.INT4)
              for layout, unpacked_ok in ((None, False), (None, True))
+             for n in (None, 32, 4096)
              if not (unpacked_ok and fmt == dispatch.INT4)]
-    calls += [("float32", m, k.layout, False, dispatch.INT8) for m in (1, 64)
+    calls += [("float32", m, k.layout, False, dispatch.INT8, None) for m in (1, 64)
               for k in dispatch.REGISTRY if k.available and k.weight_format == dispatch.INT8]
     for args in calls + calls[::-1]:
-        dtype, m, layout, unpacked_ok, fmt = args
-        kern = dispatch.choose_kernel(dtype, m, layout, unpacked_ok, fmt)
+        dtype, m, layout, unpacked_ok, fmt, n = args
+        kern = dispatch.choose_kernel(dtype, m, layout, unpacked_ok, fmt, n)
         assert kern == dispatch._static_rule(dispatch._rule_settings(), dtype, m,
                                              None if layout is None else tuple(layout),
-                                             unpacked_ok, fmt), args
+                                             unpacked_ok, fmt, n), args
         assert len(dispatch._choices[1]) <= 16
     first = dispatch.choose_kernel("float32", 1)
     monkeypatch.setattr(dispatch, "REGISTRY", tuple(k for k in dispatch.REGISTRY if k != first))
@@ -369,9 +413,9 @@ def test_the_rule_reads_the_settings_it_is_given():
     under, not from the module's settings of the moment (which another thread may
     replace meanwhile)."""
     settings = dispatch._rule_settings()
-    first = dispatch._static_rule(settings, "float32", 1, None, False, dispatch.INT8)
+    first = dispatch._static_rule(settings, "float32", 1, None, False, dispatch.INT8, None)
     fewer = (tuple(k for k in dispatch.REGISTRY if k != first),) + settings[1:]
-    assert dispatch._static_rule(fewer, "float32", 1, None, False, dispatch.INT8) != first
+    assert dispatch._static_rule(fewer, "float32", 1, None, False, dispatch.INT8, None) != first
     assert dispatch.choose_kernel("float32", 1) == first
 
 

@@ -197,11 +197,11 @@ def test_the_static_choice_either_side_of_the_dequantized_edge():
         x, q, sz, b = _problem(rng, edge, 70, 128, 32, dtype)
         for rows in (edge - 1, edge):
             y = qkern.weight_int4pack_mm(x[:rows], qkern.pack_int4(q), 32, sz, bias=b)
-            static = qkern.dispatch.choose_kernel(dtype, rows, weight_format=INT4)
+            static = qkern.dispatch.choose_kernel(dtype, rows, weight_format=INT4, n=len(q))
             assert static.dequantizes == (rows >= edge), (dtype, rows, static.name)
             want = _run_kernel(static, x[:rows], q, sz, 32, b)
             assert np.array_equal(y.view(np.uint8), want.view(np.uint8)), (dtype, rows)
-            assert_int4_close(y, x[:rows], q, sz, 32, b, **int4_bound_traits(x[:rows]))
+            assert_int4_close(y, x[:rows], q, sz, 32, b, **int4_bound_traits(x[:rows], len(q)))
         checked += 1
     if not checked:
         pytest.skip(f"no dtype runs a level of DEQUANTIZED_FROM_M here "
@@ -249,7 +249,7 @@ def test_every_kernel_thread_count_and_blocking_gives_the_same_bits(dtype):
         for row, rows in ((0, 1), (5, 1), (36, 1), (3, 2), (10, 3)):  # another mr, another
             got = _run_kernel(kern, x[row:row + rows], q, sz, 64, b).view(np.uint8)  # loop
             assert np.array_equal(got, want[row:row + rows]), (kern.name, row, rows)
-    static = qkern.dispatch.choose_kernel(dtype, 37, weight_format=INT4)
+    static = qkern.dispatch.choose_kernel(dtype, 37, weight_format=INT4, n=len(q))
     functional = qkern.weight_int4pack_mm(x, qkern.pack_int4(q), 64, sz, bias=b)
     assert np.array_equal(functional.view(np.uint8), wants[_compute(static)])
     packed = qkern.pack_int4(q)
@@ -310,7 +310,7 @@ def test_weight_int4pack_mm_on_random_problems(m, n, groups, group_size, dtype, 
     assert y.shape == (m, n) and y.dtype == dtype
     if k == 0:
         assert np.array_equal(y, np.broadcast_to(b if bias else np.zeros(n, dtype), (m, n)))
-    assert_int4_close(y, x, q, sz, group_size, b, **int4_bound_traits(x))
+    assert_int4_close(y, x, q, sz, group_size, b, **int4_bound_traits(x, len(q)))
 
 
 def test_strided_x_batches_and_out():
@@ -404,7 +404,7 @@ def test_int4_linear_holds_one_packed_copy_pickles_and_refuses_int8_kernels():
             view.flags.writeable = True
     x = rng.standard_normal((5, 256)).astype(BF16)
     y = layer(x)
-    assert_int4_close(y, x, q, sz, 128, bias, **int4_bound_traits(x))
+    assert_int4_close(y, x, q, sz, 128, bias, **int4_bound_traits(x, len(q)))
     clone = pickle.loads(pickle.dumps(layer))
     assert clone(x).tobytes() == y.tobytes() and repr(clone) == repr(layer)
     with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
