@@ -157,6 +157,7 @@ class _Problem:
                   for name, dt in bench.DTYPES.items()}
         self.layers = {name: _rotating(made) for name, made in layers.items()}
         self.packed_bytes = {name: made[0].packed_weight.nbytes for name, made in layers.items()}
+        self.w_cold = _rotating([w.copy() for _ in range(copies)])  # the functional op's
         self.copies = copies
         self.runtime_peers = {}
         self.torch = None
@@ -207,7 +208,8 @@ class _Problem:
         if quick:
             out["qkern.weight_int8pack_mm"] = (
                 "bfloat16", None, self.n * self.k,
-                lambda: qkern.weight_int8pack_mm(xb, self.w, self.scales, num_threads=threads))
+                lambda: qkern.weight_int8pack_mm(xb, self.w_cold(), self.scales,
+                                                 num_threads=threads))
         xf = self.x["float32"][:m]
         for name, run in self._runtimes(threads).items():
             out[name] = ("float32", None, self.n * self.k, lambda run=run: run(xf),
