@@ -25,7 +25,10 @@
  * sub-block over every panel, so a
  * sub-block of A is read from L1 by every panel after the first; between
  * sub-blocks (and blocks) a panel's C tiles are parked in acc (exact, so the
- * sum is the one a single pass over K would give).
+ * sum is the one a single pass over K would give).  Widened B tiles, read
+ * once per call from L2, are loaded with the non-temporal hint
+ * (tileloaddt1) so that they do not evict the sub-block of A from L1, and
+ * each sub-block prefetches the next one's A into L2 a few lines per step.
  *
  * tdpbf16ps accumulates in f32, like vdpbf16ps treating bf16 subnormal inputs
  * as zero and flushing subnormal results (DAZ/FTZ), in its own summation
@@ -56,8 +59,20 @@ QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]
 }
 
 /* 32-k chunks per sub-block, over the planes: a sub-block's A tiles
- * (CHUNKS_PER_SUB_BLOCK * 2 KiB) stay in L1 while every panel uses them. */
+ * (CHUNKS_PER_SUB_BLOCK * 2 KiB) stay in L1 while every panel uses them
+ * (8 and 32 ran slower). */
 #define CHUNKS_PER_SUB_BLOCK 16
+
+/* Prefetches into L2 the lines of the next sub-block's A (`lines` 64-byte
+ * lines from `next`, 32 per chunk and plane: line i holds row i) that step
+ * `step` of `steps` (panel, chunk) steps of this sub-block owns, rows < mr
+ * only, so that no panel waits for them from the last-level cache. */
+QK_INLINE void prefetch_next_a(const char* next, size_t lines, size_t mr, size_t step,
+                               size_t steps) {
+  const size_t per_step = (lines + steps - 1) / steps;
+  for (size_t l = step * per_step; l < (step + 1) * per_step && l < lines; l++)
+    if (l % 32 < mr) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+}
 
 /* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
  * into the B tiles; else packed int8 panels, widened here chunk by chunk.
@@ -78,6 +93,8 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
    * sub-block stores the zeroed tiles. */
   for (size_t c0 = 0; c0 == 0 || c0 < chunks; c0 += sub) {
     const size_t c_end = c0 + sub < chunks ? c0 + sub : chunks;
+    const size_t steps = panels * (c_end - c0);
+    const size_t next_lines = (chunks - c_end < sub ? chunks - c_end : sub) * planes * 32;
     for (size_t pn = 0; pn < panels; pn++) {
       const int8_t* wp = w + pn * w_panel_stride;
       float* cp = acc + 32 * pn;
@@ -95,10 +112,14 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
         }
       }
       for (size_t ch = c0; ch < c_end; ch++) {
+        prefetch_next_a(at + c_end * planes * 2048, next_lines, mr, pn * (c_end - c0) + ch - c0,
+                        steps);
         if (PREWIDENED) {
+          /* read once per 32-row step, from L2: the non-temporal hint keeps
+           * them from evicting the sub-block of A from L1 */
           QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
-          _tile_loadd(QK_TILE_B0, wp + 2048 * ch, 128);
-          _tile_loadd(QK_TILE_B1, wp + 2048 * ch + 64, 128);
+          _tile_stream_loadd(QK_TILE_B0, wp + 2048 * ch, 128);
+          _tile_stream_loadd(QK_TILE_B1, wp + 2048 * ch + 64, 128);
         } else {
           widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, bbuf);
           QK_MEMORY_BARRIER();
