@@ -73,8 +73,9 @@ _INT4_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_vo
                                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_ssize_t]
 _KBLOCK_ARGS = [ctypes.c_size_t] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                        ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int,
-                                        ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t]
+                                        ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [
+                                            ctypes.c_ssize_t]
 _INT4_KBLOCK_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                              ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
                                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
@@ -259,8 +260,11 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
     f32 sums carried in a 64-byte aligned buffer, into ``c``, the (mr, nc)
     output, on whole packed ``panels`` holding ``nc`` columns (for a
     kernel that reads widened panels, each block of each panel widened
-    first). int8 (qk_woq_kblock_fn): layout (32, 2), ``scale`` and ``bias``
-    (or None) holding whole panels. int4 (qk_woq_int4_kblock_fn,
+    first; an int8 one widens its even blocks itself as it reads them, as
+    on the driver's first row step, into a buffer that must then hold the
+    widening function's bytes, and reads its odd blocks widened, as on the
+    later row steps). int8 (qk_woq_kblock_fn): layout (32, 2), ``scale``
+    and ``bias`` (or None) holding whole panels. int4 (qk_woq_int4_kblock_fn,
     ``group_size`` > 0): the packed int4 layout, ``sz`` the (K /
     group_size, nc, 2) scales_and_zeros, the group sums of f32(x) computed
     here as the driver computes them, and ``k_block`` a multiple of
@@ -285,21 +289,30 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
         kc = min(k_block, k - k0)
         a, first, last = packed_x.ctypes.data + k0 // 32 * chunk, k0 == 0, k0 + kc >= k
         w, w_stride = panels.ctypes.data + k0 * (16 if group_size else nr), panel_bytes
+        widen_to = None
         if kern.widened:
-            w_stride = lib.qk_woq_widened_panel_size(_driver_args(kern, None)[0], kc)
-            wide = aligned_empty(n_panels * w_stride)
+            wide_stride = lib.qk_woq_widened_panel_size(_driver_args(kern, None)[0], kc)
+            wide = aligned_empty(n_panels * wide_stride)
             for q in range(n_panels):
                 getattr(lib, widen_symbol(kern))(w + q * panel_bytes, 1, kc,
-                                                 wide.ctypes.data + q * w_stride)
-            w = wide.ctypes.data
+                                                 wide.ctypes.data + q * wide_stride)
+            if group_size or k0 // k_block % 2:
+                w, w_stride = wide.ctypes.data, wide_stride
+            else:
+                widened_here = aligned_empty(wide.size)
+                widened_here.view(np.uint8)[:] = 0xA5
+                widen_to = widened_here.ctypes.data
         if group_size:
             g0 = k0 // group_size
             fn(mr, nc, kc, group_size, a, xs.ctypes.data + 4 * g0, groups, code, w, w_stride,
                sz.ctypes.data + g0 * sz.strides[0], sz.strides[0], acc.ctypes.data, first, last,
                bias_ptr, c.ctypes.data, c.strides[0])
         else:
-            fn(mr, nc, kc, a, code, w, w_stride, acc.ctypes.data, first, last, scale.ctypes.data,
-               bias_ptr, c.ctypes.data, c.strides[0])
+            fn(mr, nc, kc, a, code, w, w_stride, widen_to, acc.ctypes.data, first, last,
+               scale.ctypes.data, bias_ptr, c.ctypes.data, c.strides[0])
+            if widen_to is not None:
+                assert np.array_equal(widened_here, wide), (
+                    f"{kern.name} widened block {k0 // k_block} other than {widen_symbol(kern)}")
 
 
 class _Blocking(ctypes.Structure):

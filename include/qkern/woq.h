@@ -124,15 +124,20 @@ typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc, const void* c
  *   w       the block of the first panel (packed, or widened for a kernel
  *           with a widen function: kc k-values each), panels w_panel_stride
  *           bytes apart
+ *   widen_to  NULL, or (a kernel with a widen function) where the block's
+ *           panels go widened, qk_woq_widened_panel_size(kc) bytes apart:
+ *           w is then the packed block, and the kernel widens each piece
+ *           there as it first reads it (the driver's first row step of a
+ *           block; the later ones read the widened block)
  *   acc     mr rows of roundup(nc, 32) f32 (64-byte aligned): the sums of
  *           the blocks before (not read when first), this block's added in
  *   last    the block ends K: y = round(acc * scale + bias) written to c
  *           (scale, bias, c as for qk_woq_ukernel_fn)
  */
 typedef void (*qk_woq_kblock_fn)(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt,
-                                 const int8_t* w, size_t w_panel_stride, float* acc, int first,
-                                 int last, const float* scale, const float* bias, void* c,
-                                 ptrdiff_t c_stride);
+                                 const int8_t* w, size_t w_panel_stride, void* widen_to, float* acc,
+                                 int first, int last, const float* scale, const float* bias,
+                                 void* c, ptrdiff_t c_stride);
 
 /* Widens `panels` packed panels of kc k-values into the widened layout. */
 typedef void (*qk_woq_widen_fn)(const int8_t* packed, size_t panels, size_t kc, void* out);

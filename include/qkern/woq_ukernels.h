@@ -36,8 +36,8 @@ QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16)
 /* K-block kernels on packed x (qk_woq_kblock_fn). */
 #define QK_DECLARE_KBLOCK(NAME)                                                           \
   void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w, \
-            size_t w_panel_stride, float* acc, int first, int last, const float* scale,   \
-            const float* bias, void* c, ptrdiff_t c_stride);
+            size_t w_panel_stride, void* widen_to, float* acc, int first, int last,       \
+            const float* scale, const float* bias, void* c, ptrdiff_t c_stride);
 
 QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)

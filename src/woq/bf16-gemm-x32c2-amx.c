@@ -1,8 +1,9 @@
 /*
  * bf16-gemm-x32c2-amx.c -- WoQ GEMM micro-kernels 32x32c2 (packed int8
- * weights, widened here) and bf16w 32x32c2 (weights already widened by the
- * driver), AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW build the A and B
- * tiles and run the epilogue.
+ * weights, widened here) and bf16w 32x32c2 (widened weights, which it
+ * widens itself into the driver's buffer on a K block's first row step),
+ * AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW build the A and B tiles
+ * and run the epilogue.
  *
  * Contract: qk_woq_kblock_fn (include/qkern/woq.h), one K block per call,
  * layout nr = 32, kr = 2 (packed, or widened for bf16w), mr <= 32, x packed
@@ -16,9 +17,10 @@
  *   B  tmm6, tmm7  16 k-groups x 16 columns x (k, k+1) bf16: a k-group's
  *                  64 int8, widened to bf16 (exact: |w| <= 128), are one row
  *                  of each, built in a buffer (rows past the last k-group
- *                  zero) -- or, for bf16w, loaded straight from the widened
- *                  panel, whose zero padding covers the last chunk; each B
- *                  tile serves both row halves
+ *                  zero; for bf16w with widen_to, in the block's widened
+ *                  panels there) -- or, for bf16w without, loaded straight
+ *                  from the widened panel, whose zero padding covers the
+ *                  last chunk; each B tile serves both row halves
  *
  * Loops: the block's K in sub-blocks of 16 (chunk, plane) pairs of 2 KiB
  * (16, 8 or 5 chunks for 1, 2 or 3 planes, 30-32 KiB of packed x), each
@@ -43,18 +45,21 @@
 #include "tiles-amx.h"
 #include "ukernel-define.h"
 
-/* `groups` (<= 16) k-groups of 64 int8 -> rows of the two B tiles. */
-QK_INLINE void widen_b(const int8_t* wp, size_t groups, uint16_t bbuf[2][16][32]) {
+/* `groups` (<= 16) k-groups of 64 int8 -> the 16 rows of one chunk in the
+ * widened layout at dst (row g: B0's 64 bytes, then B1's; rows past the
+ * last k-group zero). */
+QK_INLINE void widen_b(const int8_t* wp, size_t groups, char* dst) {
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
+  QK_ASAN_CHECK(dst, 2048, 1);
   size_t g = 0;
-  for (; g < groups; g++, wp += 64) {
+  for (; g < groups; g++, wp += 64, dst += 128) {
     _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-    _mm512_store_si512(bbuf[0][g], qk512_i8_to_bf16(wp, idx));
-    _mm512_store_si512(bbuf[1][g], qk512_i8_to_bf16(wp + 32, idx));
+    _mm512_storeu_si512(dst, qk512_i8_to_bf16(wp, idx));
+    _mm512_storeu_si512(dst + 64, qk512_i8_to_bf16(wp + 32, idx));
   }
-  for (; g < 16; g++) {
-    _mm512_store_si512(bbuf[0][g], _mm512_setzero_si512());
-    _mm512_store_si512(bbuf[1][g], _mm512_setzero_si512());
+  for (; g < 16; g++, dst += 128) {
+    _mm512_storeu_si512(dst, _mm512_setzero_si512());
+    _mm512_storeu_si512(dst + 64, _mm512_setzero_si512());
   }
 }
 
@@ -74,16 +79,19 @@ QK_INLINE void prefetch_next_a(const char* next, size_t lines, size_t mr, size_t
     if (l % 32 < mr) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
 }
 
-/* PREWIDENED: w holds widened panels (include/qkern/woq.h), read straight
- * into the B tiles; else packed int8 panels, widened here chunk by chunk.
- * Rows 16..31 (when mr > 16) reuse each B tile loaded for rows 0..15. */
+/* PREWIDENED and no widen_to: w holds widened panels (include/qkern/woq.h),
+ * read straight into the B tiles; else packed int8 panels, widened here
+ * chunk by chunk, into widen_to (the block's widened panels, kept for the
+ * next row steps) or a buffer of one chunk.  Rows 16..31 (when mr > 16)
+ * reuse each B tile loaded for rows 0..15. */
 QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
-                        const char* at, const int8_t* w, size_t w_panel_stride, float* acc,
-                        int first, int last, const float* scale, const float* bias, void* c,
-                        ptrdiff_t c_stride) {
+                        const char* at, const int8_t* w, size_t w_panel_stride, char* widen_to,
+                        float* acc, int first, int last, const float* scale, const float* bias,
+                        void* c, ptrdiff_t c_stride) {
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
   const size_t sub = CHUNKS_PER_SUB_BLOCK / planes;
-  uint16_t bbuf[2][16][32] __attribute__((aligned(64)));
+  const int widened = PREWIDENED && !widen_to;
+  char bbuf[2048] __attribute__((aligned(64)));
   const int two = mr > 16;
   const size_t groups = (kc + 1) / 2, chunks = (groups + 15) / 16;
   const size_t panels = (nc + 31) / 32, ld = 32 * panels; /* acc: rows ld floats apart */
@@ -114,17 +122,18 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
       for (size_t ch = c0; ch < c_end; ch++) {
         prefetch_next_a(at + c_end * planes * 2048, next_lines, mr, pn * (c_end - c0) + ch - c0,
                         steps);
-        if (PREWIDENED) {
+        if (widened) {
           /* read once per 32-row step, from L2: the non-temporal hint keeps
            * them from evicting the sub-block of A from L1 */
           QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
           _tile_stream_loadd(QK_TILE_B0, wp + 2048 * ch, 128);
           _tile_stream_loadd(QK_TILE_B1, wp + 2048 * ch + 64, 128);
         } else {
-          widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, bbuf);
+          char* b = widen_to ? widen_to + pn * 2048 * chunks + 2048 * ch : bbuf;
+          widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, b);
           QK_MEMORY_BARRIER();
-          _tile_loadd(QK_TILE_B0, bbuf[0], 64);
-          _tile_loadd(QK_TILE_B1, bbuf[1], 64);
+          _tile_loadd(QK_TILE_B0, b, 128);
+          _tile_loadd(QK_TILE_B1, b + 64, 128);
           QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
         }
         qk_tile_dpbf16ps_chunk(0, at + ch * planes * 2048, planes, mr);
@@ -158,24 +167,24 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
 }
 
 /* The two kernels differ only in where B comes from. */
-#define AMX_KBLOCK(NAME, PREWIDENED)                                                             \
-  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w,        \
-            size_t w_panel_stride, float* acc, int first, int last, const float* scale,          \
-            const float* bias, void* c, ptrdiff_t c_stride) {                                    \
-    switch (dt) {                                                                                \
-      case QK_F32:                                                                               \
-        amx_body(PREWIDENED, QK_F32, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, first,  \
-                 last, scale, bias, c, c_stride);                                                \
-        break;                                                                                   \
-      case QK_F16:                                                                               \
-        amx_body(PREWIDENED, QK_F16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, first,  \
-                 last, scale, bias, c, c_stride);                                                \
-        break;                                                                                   \
-      case QK_BF16:                                                                              \
-        amx_body(PREWIDENED, QK_BF16, mr, nc, kc, (const char*)a, w, w_panel_stride, acc, first, \
-                 last, scale, bias, c, c_stride);                                                \
-        break;                                                                                   \
-    }                                                                                            \
+#define AMX_KBLOCK(NAME, PREWIDENED)                                                      \
+  void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w, \
+            size_t w_panel_stride, void* widen_to, float* acc, int first, int last,       \
+            const float* scale, const float* bias, void* c, ptrdiff_t c_stride) {         \
+    switch (dt) {                                                                         \
+      case QK_F32:                                                                        \
+        amx_body(PREWIDENED, QK_F32, mr, nc, kc, (const char*)a, w, w_panel_stride,       \
+                 (char*)widen_to, acc, first, last, scale, bias, c, c_stride);            \
+        break;                                                                            \
+      case QK_F16:                                                                        \
+        amx_body(PREWIDENED, QK_F16, mr, nc, kc, (const char*)a, w, w_panel_stride,       \
+                 (char*)widen_to, acc, first, last, scale, bias, c, c_stride);            \
+        break;                                                                            \
+      case QK_BF16:                                                                       \
+        amx_body(PREWIDENED, QK_BF16, mr, nc, kc, (const char*)a, w, w_panel_stride,      \
+                 (char*)widen_to, acc, first, last, scale, bias, c, c_stride);            \
+        break;                                                                            \
+    }                                                                                     \
   }
 
 AMX_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx, 0)

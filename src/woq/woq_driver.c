@@ -21,8 +21,10 @@
  * block times a chunk of columns (int8: 8 panels, 256 columns, by default;
  * int4: 4 panels; at most a thread's share of the panels: threads split
  * the chunks, never the rows), walked in blocks of `k_block` k (1024): the
- * chunk's B for one K block (widened: 512 KiB for int8, 256 KiB for int4)
- * stays in L2 while every 32-row step of the row block adds its products
+ * chunk's B for one K block (widened: 512 KiB for int8, 256 KiB for int4;
+ * an int8 kernel widens it during the block's first 32-row step, an int4
+ * block is widened before it) stays in L2 while every 32-row step of the
+ * row block adds its products
  * into the thread's f32 sums (one K block at a time, in order, so each
  * output is still one sum over K in a fixed order), and the last K block
  * writes y.  An int4 K-block kernel reads its packed int4 panels (or, with
@@ -215,20 +217,21 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
   const size_t x_chunk = packed_x_chunk_size(p->dt);
   for (size_t k0 = 0; k0 == 0 || k0 < p->k; k0 += p->k_block) {
     const size_t kc = p->k - k0 < p->k_block ? p->k - k0 : p->k_block;
-    const int8_t* w = chunk + k0 * p->k_bytes; /* the block's first k in the first panel */
-    size_t w_stride = p->panel_bytes;
-    if (wide) {
-      w_stride = qk_woq_widened_panel_size(p->kern, kc);
+    const int8_t* packed = chunk + k0 * p->k_bytes; /* the block's first k in the first panel */
+    const size_t wide_stride = wide ? qk_woq_widened_panel_size(p->kern, kc) : 0;
+    if (wide && p->group_size) /* int4: the block widened before its row steps */
       for (size_t q = 0; q < panels; q++)
-        p->kern->widen(w + q * p->panel_bytes, 1, kc, wide + q * w_stride);
-      w = (const int8_t*)wide;
-    }
+        p->kern->widen(packed + q * p->panel_bytes, 1, kc, wide + q * wide_stride);
     const int first = k0 == 0, last = k0 + kc >= p->k;
     for (size_t r = m0; r < m_end; r += 32) {
       const size_t mr = m_end - r < 32 ? m_end - r : 32;
       const char* a = x_block + (r - m0) / 32 * p->x_group_bytes + k0 / 32 * x_chunk;
       const float* bias = p->bias ? p->bias + n0 : NULL;
       char* c = p->y + (int64_t)r * p->y_stride + n0 * p->esize;
+      /* the packed block, or its widened copy once there is one */
+      const int read_wide = wide && (p->group_size || r > m0);
+      const int8_t* w = read_wide ? (const int8_t*)wide : packed;
+      const size_t w_stride = read_wide ? wide_stride : p->panel_bytes;
       if (p->group_size) {
         const size_t groups = p->k / p->group_size, g0 = k0 / p->group_size;
         p->kern->int4_kblock(mr, nc, kc, p->group_size, a, p->xs + (r - m0) * groups + g0, groups,
@@ -236,8 +239,10 @@ static void run_kblock_task(const plan* p, size_t nb, size_t m0, size_t m_end, c
                              p->sz + g0 * p->sz_stride + n0 * 2 * p->esize, p->sz_stride,
                              acc + (r - m0) * ld, first, last, bias, c, (ptrdiff_t)p->y_stride);
       } else {
-        p->kern->kblock(mr, nc, kc, a, p->dt, w, w_stride, acc + (r - m0) * ld, first, last,
-                        p->scale + n0, bias, c, (ptrdiff_t)p->y_stride);
+        /* int8: the first row step widens the block as it reads it */
+        p->kern->kblock(mr, nc, kc, a, p->dt, w, w_stride, wide && r == m0 ? wide : NULL,
+                        acc + (r - m0) * ld, first, last, p->scale + n0, bias, c,
+                        (ptrdiff_t)p->y_stride);
       }
     }
   }
