@@ -12,7 +12,8 @@ below are what they are:
   free lists and arenas, which the warm-up calls fill first.  Free memory
   glibc kept from earlier tests (resident, so a leak could reuse it unseen)
   is handed back with ``malloc_trim`` before the first reading.  Measured here
-  it stays at 0 MiB on the CI machine; `RSS_BOUND` allows 4 MiB, a tenth of the smallest
+  it stays at 0 MiB on the CI machine (with one exception, a one-time step:
+  see `test_rss_flat_over_10000_small_calls`); `RSS_BOUND` allows 4 MiB, a tenth of the smallest
   leak above.
 * A leaked *reference* to an argument costs no memory when the same array
   is passed every time, so reference counts are checked too: one leaked
@@ -94,19 +95,32 @@ def _small_calls(kind: str):
     raise ValueError(kind)
 
 
+def _growth_over_calls(call) -> int:
+    """Bytes the resident size grew by over `CALLS` calls of ``call``."""
+    before = rss()
+    for _ in range(CALLS):
+        call()
+    gc.collect()
+    return rss() - before
+
+
 @reads_rss
 @pytest.mark.parametrize("kind", ["layer", "layer_out", "function", "row_offsets"])
 def test_rss_flat_over_10000_small_calls(kind):
+    """Over 10000 calls the resident size stays within `RSS_BOUND`.  Inside
+    the whole suite, allocator state once moved by 4 MiB + 4 KiB during the
+    10000 calls (in one of the seven passes of a CI run on the AMX Xeon):
+    a step, not a slope.  So a window past the bound is followed by a
+    second one, which must stay within it: a leak of the smallest kind
+    (40 MB per window) grows the process in every window."""
     call, args = _small_calls(kind)
     for _ in range(WARMUP):
         call()
     _settle()
     refs = [sys.getrefcount(a) for a in args]
-    before = rss()
-    for _ in range(CALLS):
-        call()
-    gc.collect()
-    growth = rss() - before
+    growth = _growth_over_calls(call)
+    if growth >= RSS_BOUND:
+        growth = _growth_over_calls(call)
     assert growth < RSS_BOUND, f"RSS grew by {growth / 2**20:.1f} MiB over {CALLS} calls"
     assert [sys.getrefcount(a) for a in args] == refs, "a call leaked a reference to an argument"
 
