@@ -365,8 +365,9 @@ class Kernel:
         one more bf16 product per weight), made by the driver.
     widened : bool
         Whether it reads weight panels widened to bf16 or float32 instead
-        of the packed int8 bytes: widened by the driver once per chunk of
-        columns (reused by every row block), or once for all calls into a
+        of the packed int8 bytes: widened once per chunk of columns (by
+        the driver, or by an AMX kernel on its first row step) and reused by
+        every row step after, or once for all calls into a
         copy a :class:`~qkern.WoqLinear` keeps within its ``memory_budget``
         (:doc:`/tuning`). Worth it when many rows share each chunk.
     widened_bytes : int

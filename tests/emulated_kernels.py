@@ -299,7 +299,7 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
             if group_size or k0 // k_block % 2:
                 w, w_stride = wide.ctypes.data, wide_stride
             else:
-                widened_here = aligned_empty(wide.size)
+                widened_here = aligned_empty(wide.size + 64)  # 64 guard bytes past the end
                 widened_here.view(np.uint8)[:] = 0xA5
                 widen_to = widened_here.ctypes.data
         if group_size:
@@ -311,8 +311,10 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
             fn(mr, nc, kc, a, code, w, w_stride, widen_to, acc.ctypes.data, first, last,
                scale.ctypes.data, bias_ptr, c.ctypes.data, c.strides[0])
             if widen_to is not None:
-                assert np.array_equal(widened_here, wide), (
+                assert np.array_equal(widened_here[:wide.size], wide), (
                     f"{kern.name} widened block {k0 // k_block} other than {widen_symbol(kern)}")
+                assert (widened_here[wide.size:].view(np.uint8) == 0xA5).all(), (
+                    f"{kern.name} wrote past the widened block")
 
 
 class _Blocking(ctypes.Structure):

@@ -122,8 +122,8 @@ typedef void (*qk_woq_ukernel_fn)(size_t mr, size_t nc, size_t kc, const void* c
  *   kc      k values in this block (all but the last block: a multiple of 32)
  *   a       the rows' group of packed x, at the block's first chunk
  *   w       the block of the first panel (packed, or widened for a kernel
- *           with a widen function: kc k-values each), panels w_panel_stride
- *           bytes apart
+ *           with a widen function unless widen_to is given: kc k-values
+ *           each), panels w_panel_stride bytes apart
  *   widen_to  NULL, or (a kernel with a widen function) where the block's
  *           panels go widened, qk_woq_widened_panel_size(kc) bytes apart:
  *           w is then the packed block, and the kernel widens each piece
@@ -349,8 +349,10 @@ typedef struct qk_woq_blocking {
  * one (nr, kr) reads the same packed bytes, so qk_woq_pack() serves them
  * all.  A kernel with a widen function reads widened panels instead: the
  * driver widens each chunk of packed panels (for a K-block kernel, each K
- * block of a chunk) once into a per-thread buffer and reuses it for every
- * row step of its task (and of the thread's next task on that chunk). */
+ * block of a chunk; int8: the kernel itself, through widen_to, on the
+ * block's first row step) once into a per-thread buffer and reuses it for
+ * every row step of its task (and of the thread's next task on that
+ * chunk). */
 typedef struct qk_woq_kernel {
   const char* name;
   qk_woq_kind kind;

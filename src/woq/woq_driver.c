@@ -13,7 +13,7 @@
  * the blocking.  For a kernel with a widen (int4: dequantize) function,
  * each thread widens its task's chunk once into its own buffer (not again
  * for its next task on the same chunk), which every MR-row step then reads
- * from L2.
+ * from L2 (an int8 K-block kernel widens each K block there itself, below).
  *
  * A kernel on packed x (pack_x + kblock) runs the GotoBLAS way: the rows of
  * each block of `rows` rows (2048 by default) are packed first (by all

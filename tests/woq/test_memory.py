@@ -110,18 +110,21 @@ def test_rss_flat_over_10000_small_calls(kind):
     """Over 10000 calls the resident size stays within `RSS_BOUND`.  Inside
     the whole suite, allocator state once moved by 4 MiB + 4 KiB during the
     10000 calls (in one of the seven passes of a CI run on the AMX Xeon):
-    a step, not a slope.  So a window past the bound is followed by a
-    second one, which must stay within it: a leak of the smallest kind
-    (40 MB per window) grows the process in every window."""
+    a step, not a slope.  So a window past the bound, but within twice
+    it, is followed by a second one, which must stay within it: a leak of
+    the smallest kind (40 MB per window) grows the process in every
+    window, and a larger step in one window fails at once."""
     call, args = _small_calls(kind)
     for _ in range(WARMUP):
         call()
     _settle()
     refs = [sys.getrefcount(a) for a in args]
-    growth = _growth_over_calls(call)
-    if growth >= RSS_BOUND:
-        growth = _growth_over_calls(call)
-    assert growth < RSS_BOUND, f"RSS grew by {growth / 2**20:.1f} MiB over {CALLS} calls"
+    growths = [_growth_over_calls(call)]
+    if RSS_BOUND <= growths[0] < 2 * RSS_BOUND:
+        _settle()
+        growths.append(_growth_over_calls(call))
+    assert growths[-1] < RSS_BOUND, (
+        f"RSS grew by {', then '.join(f'{g / 2**20:.1f}' for g in growths)} MiB over {CALLS} calls")
     assert [sys.getrefcount(a) for a in args] == refs, "a call leaked a reference to an argument"
 
 
