@@ -51,16 +51,8 @@
 QK_INLINE void widen_b(const int8_t* wp, size_t groups, char* dst) {
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   QK_ASAN_CHECK(dst, 2048, 1);
-  size_t g = 0;
-  for (; g < groups; g++, wp += 64, dst += 128) {
-    _mm_prefetch((const char*)wp + QK_PREFETCH_BYTES, _MM_HINT_T0);
-    _mm512_storeu_si512(dst, qk512_i8_to_bf16(wp, idx));
-    _mm512_storeu_si512(dst + 64, qk512_i8_to_bf16(wp + 32, idx));
-  }
-  for (; g < 16; g++, dst += 128) {
-    _mm512_storeu_si512(dst, _mm512_setzero_si512());
-    _mm512_storeu_si512(dst + 64, _mm512_setzero_si512());
-  }
+  for (size_t g = 0; g < groups; g++, wp += 64, dst += 128) qk512_widen_group(2, wp, idx, dst);
+  qk512_zero_lines(dst, 2 * (16 - groups));
 }
 
 /* 32-k chunks per sub-block, over the planes: a sub-block's A tiles

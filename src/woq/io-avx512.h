@@ -51,6 +51,27 @@ QK_INLINE __m512i qk512_i8_to_bf16(const int8_t* p, __m512i idx) {
                                    _mm512_castps_si512(qk512_i8_to_f32(p + 16)));
 }
 
+/* One k-group of a packed x32c2 panel, 64 int8 at src, -> its 64 values in
+ * the same order at dst as values of WB bytes (2: bf16, 4: f32), exact;
+ * prefetches the weight QK_PREFETCH_BYTES ahead.  idx is
+ * _mm512_load_si512(qk512_high_halves). */
+QK_INLINE void qk512_widen_group(const size_t WB, const int8_t* src, __m512i idx, char* dst) {
+  _mm_prefetch((const char*)src + QK_PREFETCH_BYTES, _MM_HINT_T0);
+  if (WB == 2) {
+    _mm512_storeu_si512(dst, qk512_i8_to_bf16(src, idx));
+    _mm512_storeu_si512(dst + 64, qk512_i8_to_bf16(src + 32, idx));
+  } else {
+    for (size_t run = 0; run < 4; run++)
+      _mm512_storeu_ps(dst + 64 * run, qk512_i8_to_f32(src + 16 * run));
+  }
+}
+
+/* Zeroes `lines` 64-byte lines at dst. */
+QK_INLINE void qk512_zero_lines(char* dst, size_t lines) {
+  for (size_t line = 0; line < lines; line++, dst += 64)
+    _mm512_storeu_si512(dst, _mm512_setzero_si512());
+}
+
 /* Lanes of mask for the first `count` of 16 columns. */
 QK_INLINE __mmask16 qk512_mask(size_t count) {
   return count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1u);

@@ -18,18 +18,10 @@ QK_INLINE void widen_x32c2(const size_t WB, const int8_t* packed, size_t panels,
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   char* dst = (char*)out;
   for (size_t p = 0; p < panels; p++) {
-    for (size_t g = 0; g < groups; g++, packed += 64, dst += 64 * WB) {
-      _mm_prefetch((const char*)packed + QK_PREFETCH_BYTES, _MM_HINT_T0);
-      if (WB == 2) {
-        _mm512_storeu_si512(dst, qk512_i8_to_bf16(packed, idx));
-        _mm512_storeu_si512(dst + 64, qk512_i8_to_bf16(packed + 32, idx));
-      } else {
-        for (size_t run = 0; run < 4; run++)
-          _mm512_storeu_ps(dst + 64 * run, qk512_i8_to_f32(packed + 16 * run));
-      }
-    }
-    for (size_t line = 0; line < (padded - groups) * WB; line++, dst += 64)
-      _mm512_storeu_si512(dst, _mm512_setzero_si512());
+    for (size_t g = 0; g < groups; g++, packed += 64, dst += 64 * WB)
+      qk512_widen_group(WB, packed, idx, dst);
+    qk512_zero_lines(dst, (padded - groups) * WB);
+    dst += 64 * (padded - groups) * WB;
   }
 }
 
