@@ -9,13 +9,19 @@
  *
  *   ukernel_ab int8 NR KR MR NC KC XDT DT [ROUNDS]
  *   ukernel_ab int4 GROUP MR NC KC DT [ROUNDS]
+ *   ukernel_ab kblock WIDENS M NC K DT [ROUNDS]
  *
  * int8: qk_woq_ukernel_fn on packed panels of layout (NR, KR) (KR = 0:
  * the row-major weight), rows of x in XDT (f32 for a kernel that converts
  * x: the driver hands it f32 rows), y in DT.  int4: qk_woq_int4_ukernel_fn
  * on packed int4 panels, f32 rows of x with their group sums, scales and
- * zeros and y in DT.  Kernels on widened or dequantized panels, with their
- * own packing of x, or K-block kernels are not called here.  Operands fit
+ * zeros and y in DT.  kblock: a qk_woq_kblock_fn (AMX) walked as the driver
+ * walks one chunk of NC columns (a multiple of 32): K in blocks of 1024,
+ * each over the M rows of packed x in 32-row steps, y in DT; with WIDENS 1
+ * the first row step of a block widens it into the buffer the later steps
+ * read (the bf16w kernel), with 0 every step reads the packed block.  One
+ * sample is a whole walk.  Kernels on widened or dequantized panels of the
+ * driver's own widening are not called here.  Operands fit
  * in L2 at the sizes this is meant for (K a few thousand, NC 128): the
  * kernel's own speed, without the memory system's noise.  With AB_COPIES=C
  * in the environment the weight (int4: with its scales and zeros) is held
@@ -30,6 +36,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef AB_KBLOCK
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "qkern/fpenv.h"
 #include "qkern/woq.h"
@@ -39,6 +49,10 @@
 #define AB_PARAMS                                                                             \
   size_t, size_t, size_t, size_t, const float* const*, qk_dtype, const uint8_t*, const void*, \
       size_t, const float*, void*, ptrdiff_t
+#elif defined(AB_KBLOCK)
+#define AB_PARAMS                                                                                \
+  size_t, size_t, size_t, const void*, qk_dtype, const int8_t*, size_t, void*, float*, int, int, \
+      const float*, const float*, void*, ptrdiff_t
 #else
 #define AB_PARAMS                                                                                  \
   size_t, size_t, size_t, const void* const*, qk_dtype, const int8_t*, const float*, const float*, \
@@ -64,6 +78,22 @@ static qk_dtype dtype_of(const char* name) {
   if (!strcmp(name, "bf16")) return QK_BF16;
   fprintf(stderr, "ukernel_ab: dtype %s is not f32, f16 or bf16\n", name);
   exit(2);
+}
+
+/* Reads the command line `kind SIZE... DTYPE... [ROUNDS]` (as `usage`
+ * shows it): sizes[0 .. n_sizes-1], dtypes[0 .. n_dtypes-1] and the rounds
+ * (101 unless given); exits with the usage when argv[1] is not kind or a
+ * field is missing. */
+static size_t read_args(int argc, char** argv, const char* kind, const char* usage, size_t n_sizes,
+                        size_t* sizes, size_t n_dtypes, qk_dtype* dtypes) {
+  const int fields = 2 + (int)(n_sizes + n_dtypes);
+  if (argc < fields || strcmp(argv[1], kind)) {
+    fprintf(stderr, "usage: %s %s %s\n", argv[0], kind, usage);
+    exit(2);
+  }
+  for (size_t i = 0; i < n_sizes; i++) sizes[i] = strtoul(argv[2 + i], NULL, 10);
+  for (size_t i = 0; i < n_dtypes; i++) dtypes[i] = dtype_of(argv[2 + n_sizes + i]);
+  return argc > fields ? strtoul(argv[fields], NULL, 10) : 101;
 }
 
 /* AB_COPIES: how many copies of the weight the calls rotate through (1 to
@@ -106,16 +136,46 @@ static void* buffer(size_t bytes) {
   return p;
 }
 
+#ifdef AB_KBLOCK
+#define AB_K_BLOCK 1024 /* the driver's default */
+
+/* The operands of one walk of a K-block kernel over a chunk. */
+typedef struct {
+  size_t m, nc, k, x_group, x_chunk, panel_bytes;
+  int widens;
+  qk_dtype dt;
+  const char* x;
+  char* wide;
+  float *acc, *scale;
+} kblock_walk;
+
+/* The driver's walk of one chunk (woq_driver.c, run_kblock_task) with kernel
+ * fn over packed weight w, y to c. */
+static void walk(void (*fn)(AB_PARAMS), const kblock_walk* o, const int8_t* w, char* c) {
+  const size_t esize = qk_dtype_size(o->dt), ld = (o->nc + 31) / 32 * 32;
+  for (size_t k0 = 0; k0 == 0 || k0 < o->k; k0 += AB_K_BLOCK) {
+    const size_t kc = o->k - k0 < AB_K_BLOCK ? o->k - k0 : AB_K_BLOCK;
+    const size_t widened_stride = ((kc + 1) / 2 + 15) / 16 * 2048; /* whole 16-group tiles */
+    for (size_t r = 0; r < o->m; r += 32) {
+      const int read_wide = o->widens && r > 0;
+      fn(o->m - r < 32 ? o->m - r : 32, o->nc, kc,
+         o->x + r / 32 * o->x_group + k0 / 32 * o->x_chunk, o->dt,
+         read_wide ? (const int8_t*)o->wide : w + k0 * 32,
+         read_wide ? widened_stride : o->panel_bytes, o->widens && r == 0 ? o->wide : NULL,
+         o->acc + r * ld, k0 == 0, k0 + kc >= o->k, o->scale, NULL, c + r * o->nc * esize,
+         (ptrdiff_t)(o->nc * esize));
+    }
+  }
+}
+#endif
+
 int main(int argc, char** argv) {
 #ifdef AB_INT4
-  if (argc < 7 || strcmp(argv[1], "int4")) {
-    fprintf(stderr, "usage: %s int4 GROUP MR NC KC DT [ROUNDS]\n", argv[0]);
-    return 2;
-  }
-  const size_t group = strtoul(argv[2], NULL, 10), mr = strtoul(argv[3], NULL, 10);
-  const size_t nc = strtoul(argv[4], NULL, 10), kc = strtoul(argv[5], NULL, 10);
-  const qk_dtype dt = dtype_of(argv[6]);
-  const size_t rounds = argc > 7 ? strtoul(argv[7], NULL, 10) : 101;
+  size_t sizes[4];
+  qk_dtype dt;
+  const size_t rounds =
+      read_args(argc, argv, "int4", "GROUP MR NC KC DT [ROUNDS]", 4, sizes, 1, &dt);
+  const size_t group = sizes[0], mr = sizes[1], nc = sizes[2], kc = sizes[3];
   if (!group || kc % group || !mr || mr > 32 || !nc || !rounds) {
     fprintf(stderr, "ukernel_ab: expected GROUP dividing KC, 1 <= MR <= 32, NC, ROUNDS >= 1\n");
     return 2;
@@ -144,16 +204,50 @@ int main(int argc, char** argv) {
 #define AB_CALL(FN, C, COPY)                                                    \
   FN(mr, nc, kc, group, rows, dt, w + (COPY) * w_stride, sz + (COPY) * sz_copy, \
      nc * 2 * qk_dtype_size(dt), NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
-#else
-  if (argc < 9 || strcmp(argv[1], "int8")) {
-    fprintf(stderr, "usage: %s int8 NR KR MR NC KC XDT DT [ROUNDS]\n", argv[0]);
+  const size_t y_bytes = mr * nc * qk_dtype_size(dt);
+#elif defined(AB_KBLOCK)
+  size_t sizes[4];
+  qk_dtype dt;
+  const size_t rounds =
+      read_args(argc, argv, "kblock", "WIDENS M NC K DT [ROUNDS]", 4, sizes, 1, &dt);
+  const size_t widens = sizes[0], m = sizes[1], nc = sizes[2], k = sizes[3];
+  if (widens > 1 || !m || !nc || nc % 32 || !k || !rounds) {
+    fprintf(stderr,
+            "ukernel_ab: expected WIDENS 0 or 1, M >= 1, NC a multiple of 32, K, "
+            "ROUNDS >= 1\n");
     return 2;
   }
-  const size_t nr = strtoul(argv[2], NULL, 10), kr = strtoul(argv[3], NULL, 10);
-  const size_t mr = strtoul(argv[4], NULL, 10), nc = strtoul(argv[5], NULL, 10);
-  const size_t kc = strtoul(argv[6], NULL, 10);
-  const qk_dtype xdt = dtype_of(argv[7]), dt = dtype_of(argv[8]);
-  const size_t rounds = argc > 9 ? strtoul(argv[9], NULL, 10) : 101;
+  /* Linux grants the AMX tile state per process (XFEATURE_XTILEDATA, 18) */
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
+    fputs("ukernel_ab: no AMX tile state from the kernel: kblock needs a CPU with AMX\n", stderr);
+    return 2;
+  }
+  const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1, panels = nc / 32;
+  kblock_walk o = {m, nc, k, 0, planes * 2048, 32 * (k + k % 2), (int)widens, dt};
+  o.x_group = (k + 31) / 32 * o.x_chunk;
+  /* packed x as the driver packs it, each plane holding small bf16 values */
+  uint16_t* x = buffer((m + 31) / 32 * o.x_group);
+  for (size_t i = 0; i < (m + 31) / 32 * o.x_group / 2; i++)
+    x[i] = (uint16_t)(0x3e00 + (i * 7 % 13) * 16 + (i % 3 ? 0x8000 : 0));
+  o.x = (const char*)x;
+  o.wide = buffer(panels * (AB_K_BLOCK / 2 / 16) * 2048);
+  o.acc = buffer((m + 31) / 32 * 32 * nc * sizeof(float));
+  o.scale = buffer(nc * sizeof(float));
+  for (size_t n = 0; n < nc; n++) o.scale[n] = (float)(1 + n % 5) / 64.0f;
+  const size_t copies = weight_copies(), w_bytes = panels * o.panel_bytes;
+  const size_t w_stride = copy_stride(w_bytes, copies);
+  int8_t* w = buffer(copies * w_stride);
+  for (size_t i = 0; i < w_bytes; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
+  replicate(w, w_bytes, w_stride, copies);
+#define AB_CALL(FN, C, COPY) walk(FN, &o, w + (COPY) * w_stride, C)
+  const size_t y_bytes = m * nc * qk_dtype_size(dt);
+#else
+  size_t sizes[5];
+  qk_dtype dts[2];
+  const size_t rounds =
+      read_args(argc, argv, "int8", "NR KR MR NC KC XDT DT [ROUNDS]", 5, sizes, 2, dts);
+  const size_t nr = sizes[0], kr = sizes[1], mr = sizes[2], nc = sizes[3], kc = sizes[4];
+  const qk_dtype xdt = dts[0], dt = dts[1];
   if (!nr || !mr || mr > 32 || !nc || !rounds) {
     fprintf(stderr, "ukernel_ab: expected NR >= 1, 1 <= MR <= 32, NC, ROUNDS >= 1\n");
     return 2;
@@ -176,8 +270,9 @@ int main(int argc, char** argv) {
 #define AB_CALL(FN, C, COPY)                                      \
   FN(mr, nc, kc, rows, dt, w + (COPY) * w_stride, scale, NULL, C, \
      (ptrdiff_t)(nc * qk_dtype_size(dt)))
+  const size_t y_bytes = mr * nc * qk_dtype_size(dt);
 #endif
-  char* c[2] = {buffer(mr * nc * qk_dtype_size(dt)), buffer(mr * nc * qk_dtype_size(dt))};
+  char* c[2] = {buffer(y_bytes), buffer(y_bytes)};
   double* t[2] = {buffer(rounds * sizeof(double)), buffer(rounds * sizeof(double))};
   const qk_fpenv saved = qk_fpenv_enter();
   size_t calls = 1; /* per sample: about 100 microseconds of kernel */
@@ -207,7 +302,7 @@ int main(int argc, char** argv) {
   printf("b / a: min %.3f  median %.3f  (%zu rounds of %zu calls each, alternating, %zu %s)\n",
          t[1][0] / t[0][0], t[1][mid] / t[0][mid], rounds, calls, copies,
          copies == 1 ? "weight" : "weight copies in turn");
-  const int same = !memcmp(c[0], c[1], mr * nc * qk_dtype_size(dt));
+  const int same = !memcmp(c[0], c[1], y_bytes);
   printf("bits: %s\n", same ? "the same" : "DIFFERENT");
   return 0;
 }

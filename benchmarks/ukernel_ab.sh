@@ -3,6 +3,7 @@
 # side by side in one process (benchmarks/ukernel_ab.c):
 #   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int8 NR KR MR NC KC XDT DT [ROUNDS]
 #   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int4 GROUP MR NC KC DT [ROUNDS]
+#   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL kblock WIDENS M NC K DT [ROUNDS]
 # e.g. the AVX-512 int4 kernel (float32 y) on 8 rows, 128 columns,
 # K = 4096, groups of 128, against the commit before the last:
 #   bash benchmarks/ukernel_ab.sh HEAD~1 src/woq/f32-qb4w-gemm-x32c1-avx512.c \
@@ -16,6 +17,11 @@
 # the driver converts x for it, else DT).  AB_COPIES=C in the environment:
 # the calls read C copies of the weight in turn, cold weights when they
 # exceed the last-level cache (e.g. NC = KC = 4096, C = 8 on a 32 MiB L3).
+# kblock: an AMX K-block kernel walked over one chunk of NC columns as the
+# driver walks it, M rows (WIDENS 1: the kernel widens each K block on its
+# first row step, the bf16w kernel), e.g. 128 rows, 256 columns, K = 4096:
+#   bash benchmarks/ukernel_ab.sh HEAD~1 src/woq/bf16-gemm-x32c2-amx.c \
+#       qk_woq_bf16w_gemm_kblock_32x32c2__amx kblock 1 128 256 4096 bf16
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 9 ]; then
@@ -28,7 +34,8 @@ kind=$1
 case "$kind" in
   int8) define= ;;
   int4) define=-DAB_INT4 ;;
-  *) echo "ukernel_ab: the weight is int8 or int4, not $kind" >&2; exit 2 ;;
+  kblock) define=-DAB_KBLOCK ;;
+  *) echo "ukernel_ab: the kind is int8, int4 or kblock, not $kind" >&2; exit 2 ;;
 esac
 python=${PYTHON:-python3}
 # setup.py's flags: the ISA library's, COMMON_CFLAGS and KERNEL_CFLAGS

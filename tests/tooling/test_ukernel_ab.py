@@ -1,7 +1,8 @@
 """benchmarks/ukernel_ab.sh: one micro-kernel at a git revision against
 the working tree, side by side in one process. Run on the portable
-reference kernel (any x86-64 CPU), in a clone of this checkout so that
-its working tree can differ from the revision."""
+reference kernel (any x86-64 CPU), and its K-block walk on an AMX kernel
+(CPUs with AMX), in a clone of this checkout so that its working tree can
+differ from the revision."""
 
 import os
 import re
@@ -12,10 +13,18 @@ from pathlib import Path
 
 import pytest
 
+import qkern
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ("src/woq/f32-gemm-ref.c", "qk_woq_f32_gemm_ukernel_4x16c1__ref")
 # rows of x in the kernel's dtype (the reference converts none), y bfloat16
 ARGS = ["int8", "16", "1", "4", "33", "40", "bf16", "bf16", "5"]
+AMX_KERNEL = ("src/woq/bf16-gemm-x32c2-amx.c", "qk_woq_bf16w_gemm_kblock_32x32c2__amx")
+# widening on the first row step; 40 rows (a partial second row step), 64
+# columns, K = 1100 (a second, partial K block), float16 x (two planes)
+KBLOCK_ARGS = ["kblock", "1", "40", "64", "1100", "f16", "3"]
+needs_amx = pytest.mark.skipif(not qkern.cpu_features()["amx_bf16"],
+                               reason="the kblock walk runs an AMX kernel; this CPU has no AMX")
 
 
 def _clone(tmp_path):
@@ -31,12 +40,12 @@ def _clone(tmp_path):
     return clone
 
 
-def _run(clone, copies=None, ok=True):
+def _run(clone, copies=None, ok=True, kernel=KERNEL, args=ARGS):
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("AB_COPIES", None)
     if copies is not None:
         env["AB_COPIES"] = copies
-    out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", *KERNEL, *ARGS], cwd=clone,
+    out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", *kernel, *args], cwd=clone,
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == (0 if ok else 2), out.stderr
     return out.stdout if ok else out.stderr
@@ -82,3 +91,32 @@ def test_a_file_setup_py_does_not_build_is_refused(tmp_path):
                           KERNEL[1], *ARGS], cwd=clone, capture_output=True, text=True,
                          timeout=300, env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 2 and "setup.py builds no src/woq/absent.c" in out.stderr
+
+
+@needs_amx
+def test_kblock_walk_of_the_same_kernel_gives_the_same_bits(tmp_path):
+    report = _run(_clone(tmp_path), copies="2", kernel=AMX_KERNEL, args=KBLOCK_ARGS)
+    ratio = re.search(r"^b / a: min (\d+\.\d+)  median (\d+\.\d+)", report, re.M)
+    assert ratio and all(float(r) > 0 for r in ratio.groups()), report
+    assert "alternating, 2 weight copies in turn)" in report
+    assert "bits: the same" in report
+
+
+@needs_amx
+def test_kblock_walk_reports_a_changed_kernel_different(tmp_path):
+    """Control: the working tree's AMX kernel ignores the scales."""
+    clone = _clone(tmp_path)
+    source = clone / AMX_KERNEL[0]
+    text = source.read_text()
+    assert "_mm512_loadu_ps(scale + col)" in text
+    source.write_text(text.replace("_mm512_loadu_ps(scale + col)", "_mm512_set1_ps(1.0f)"))
+    assert "bits: DIFFERENT" in _run(clone, kernel=AMX_KERNEL, args=KBLOCK_ARGS)
+
+
+@needs_amx
+def test_kblock_walk_refuses_bad_shapes(tmp_path):
+    clone = _clone(tmp_path)
+    for bad in (["2", "40", "64"], ["1", "0", "64"], ["1", "40", "48"]):
+        args = ["kblock", *bad, "1100", "f16", "3"]
+        assert "expected WIDENS 0 or 1, M >= 1, NC a multiple of 32" in _run(
+            clone, ok=False, kernel=AMX_KERNEL, args=args), bad
