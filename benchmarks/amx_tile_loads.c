@@ -3,10 +3,15 @@
  * two B tiles, four tdpbf16ps: src/woq/tiles-amx.h) with A and B read from
  * buffers of chosen sizes, cycled through, and B loaded with tileloadd or
  * with the non-temporal tileloaddt1, in GFLOP/s of one thread against the
- * same step on tiles that stay in L1.  Build and run on a CPU with AMX:
+ * same step on tiles that stay in L1; then the step (tiles in L1) beside
+ * other zmm work in the same loop, in ns per step: 32 vpsrad (port 0), 32
+ * vpermw (port 5), or the widening of one 32-k chunk of int8 weights to
+ * bf16 as the AMX kernels widen it (qk512_widen_group, src/woq/io-avx512.h,
+ * from and to L1).  Work that shares no resource with the tile unit runs
+ * in the step's shadow.  Build and run on a CPU with AMX:
  *
- *   cc -O2 -mamx-tile -mamx-bf16 benchmarks/amx_tile_loads.c -o amx_tile_loads \
- *       && ./amx_tile_loads
+ *   cc -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bw -mavx512vl -Iinclude -Isrc/woq \
+ *       benchmarks/amx_tile_loads.c -o amx_tile_loads && ./amx_tile_loads
  *
  * A 32 KiB A block read from L1 while B streams from a 512 KiB block in
  * L2 is the bf16w kernel's sub-block (src/woq/bf16-gemm-x32c2-amx.c).
@@ -20,6 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../amx/tilecfg-amx.h"
+#include "io-avx512.h"
+
 #define STEPS 2000000L
 #define STEP_FLOPS (4.0 * 2 * 16 * 16 * 32) /* four 16x16x32 tile products */
 
@@ -29,20 +37,10 @@ static double seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Palette 1, tiles 0..7 of 16 rows of 64 bytes. */
+/* Tiles 0..7 of 16 rows of 64 bytes. */
 static void configure_tiles(void) {
-  struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  } cfg __attribute__((aligned(64)));
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+  qk_tile_config_load(rows);
 }
 
 /* Seconds for STEPS steps, A read from the first a_bytes of a and B from
@@ -80,6 +78,62 @@ static double run(const char* a, size_t a_bytes, const char* b, size_t b_bytes, 
   return t;
 }
 
+enum beside { NOTHING, SHIFTS, PERMUTES, WIDENING };
+
+/* Nanoseconds per step of `steps` iterations of `work` (and, when tiles,
+ * the step on tiles in L1 at a and b), the widening reading w and writing
+ * dst (both in L1). */
+static double run_beside(enum beside work, int tiles, const char* a, const char* b, const int8_t* w,
+                         char* dst, long steps) {
+  configure_tiles();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const __m512i idx = _mm512_load_si512(qk512_high_halves);
+  __m512i v0 = _mm512_set1_epi32(1), v1 = _mm512_set1_epi32(2), v2 = _mm512_set1_epi32(3),
+          v3 = _mm512_set1_epi32(4), r0 = v0, r1 = v1, r2 = v2, r3 = v3;
+  const double t0 = seconds();
+  for (long s = 0; s < steps; s++) {
+    if (work == WIDENING) {
+      for (size_t g = 0; g < 16; g++) qk512_widen_group(2, w + 64 * g, idx, dst + 128 * g);
+      __asm__ volatile("" ::: "memory");
+    } else if (work != NOTHING) {
+      for (int i = 0; i < 8; i++) {
+        if (work == SHIFTS) {
+          r0 = _mm512_srai_epi32(v0, 3);
+          r1 = _mm512_srai_epi32(v1, 3);
+          r2 = _mm512_srai_epi32(v2, 3);
+          r3 = _mm512_srai_epi32(v3, 3);
+        } else {
+          r0 = _mm512_permutexvar_epi16(idx, v0);
+          r1 = _mm512_permutexvar_epi16(idx, v1);
+          r2 = _mm512_permutexvar_epi16(idx, v2);
+          r3 = _mm512_permutexvar_epi16(idx, v3);
+        }
+        /* the inputs stay opaque, so nothing is hoisted; the results are kept */
+        __asm__ volatile(""
+                         : "+v"(r0), "+v"(r1), "+v"(r2), "+v"(r3), "+v"(v0), "+v"(v1), "+v"(v2),
+                           "+v"(v3));
+      }
+    }
+    if (tiles) {
+      _tile_loadd(6, b, 128);
+      _tile_loadd(7, b + 64, 128);
+      _tile_loadd(4, a, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, a + 1024, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_release();
+  const double t = seconds() - t0;
+  if (_mm512_reduce_add_epi32(_mm512_add_epi32(r0, r3)) == 1) puts(""); /* keeps r live */
+  return t / (double)steps * 1e9;
+}
+
 int main(void) {
   /* Linux grants the tile state per process (XFEATURE_XTILEDATA, 18) */
   if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
@@ -92,12 +146,11 @@ int main(void) {
   if (!a || !b) return 1;
   memset(a, 0, buffer);
   memset(b, 0, buffer);
-  static const size_t sizes[][2] = {
-      {4096, 4096},        /* both in L1: the peak of the step */
-      {32768, 524288},     /* A in L1, B from L2: the bf16w kernel */
-      {65536, 524288},     /* A past L1 */
-      {524288, 524288},    /* both from L2 */
-      {32768, 64u << 20}}; /* B from memory */
+  static const size_t sizes[][2] = {{4096, 4096},        /* both in L1: the peak of the step */
+                                    {32768, 524288},     /* A in L1, B from L2: the bf16w kernel */
+                                    {65536, 524288},     /* A past L1 */
+                                    {524288, 524288},    /* both from L2 */
+                                    {32768, 64u << 20}}; /* B from memory */
   double peak = 0;
   printf("%9s %9s %-11s %9s %7s\n", "A KiB", "B KiB", "B loads", "GFLOP/s", "% peak");
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
@@ -112,6 +165,24 @@ int main(void) {
       printf("%9zu %9zu %-11s %9.0f %7.0f\n", sizes[i][0] >> 10, sizes[i][1] >> 10,
              stream_b ? "tileloaddt1" : "tileloadd", gflops, 100 * gflops / peak);
     }
+  static const char* const work_names[] = {"nothing", "32 vpsrad", "32 vpermw", "widen a chunk"};
+  char* dst = aligned_alloc(64, 2048);
+  if (!dst) return 1;
+  printf("\n%-14s %9s %12s %12s\n", "beside", "alone ns", "with step ns", "step alone ns");
+  for (int work = NOTHING; work <= WIDENING; work++) {
+    double alone = 1e30, both = 1e30, step = 1e30;
+    for (int r = 0; r < 5; r++) {
+      const long steps = STEPS / 5;
+      const double t_alone = run_beside(work, 0, a, b, (const int8_t*)b, dst, steps);
+      const double t_both = run_beside(work, 1, a, b, (const int8_t*)b, dst, steps);
+      const double t_step = run_beside(NOTHING, 1, a, b, (const int8_t*)b, dst, steps);
+      alone = t_alone < alone ? t_alone : alone;
+      both = t_both < both ? t_both : both;
+      step = t_step < step ? t_step : step;
+    }
+    printf("%-14s %9.1f %12.1f %12.1f\n", work_names[work], alone, both, step);
+  }
+  free(dst);
   free(a);
   free(b);
   return 0;
