@@ -11,7 +11,7 @@
  * in the step's shadow.  Build and run on a CPU with AMX:
  *
  *   cc -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bw -mavx512vl -Iinclude -Isrc/woq \
- *       benchmarks/amx_tile_loads.c -o amx_tile_loads && ./amx_tile_loads
+ *       benchmarks/amx_tile_loads.c src/cpu/cpu_detect.c -o amx_tile_loads && ./amx_tile_loads
  *
  * A 32 KiB A block read from L1 while B streams from a 512 KiB block in
  * L2 is the bf16w kernel's sub-block (src/woq/bf16-gemm-x32c2-amx.c).
@@ -21,12 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "../amx/tilecfg-amx.h"
 #include "io-avx512.h"
+#include "qkern/cpu.h"
+#include "tiles-amx.h"
 
 #define STEPS 2000000L
 #define STEP_FLOPS (4.0 * 2 * 16 * 16 * 32) /* four 16x16x32 tile products */
@@ -37,41 +36,41 @@ static double seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Tiles 0..7 of 16 rows of 64 bytes. */
-static void configure_tiles(void) {
-  static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-  qk_tile_config_load(rows);
+/* The tiles of a 32-row step (src/woq/tiles-amx.h), the C tiles zeroed. */
+static void start_tiles(void) {
+  qk_tile_config_32x32(32);
+  _tile_zero(QK_TILE_C00);
+  _tile_zero(QK_TILE_C01);
+  _tile_zero(QK_TILE_C10);
+  _tile_zero(QK_TILE_C11);
+}
+
+/* The AMX kernels' step: B tiles from b (tileloaddt1 when stream_b), then
+ * the two A tiles from a and four tdpbf16ps (qk_tile_dpbf16ps_chunk). */
+static inline __attribute__((always_inline)) void step(const char* a, const char* b, int stream_b) {
+  if (stream_b) {
+    _tile_stream_loadd(QK_TILE_B0, b, 128);
+    _tile_stream_loadd(QK_TILE_B1, b + 64, 128);
+  } else {
+    _tile_loadd(QK_TILE_B0, b, 128);
+    _tile_loadd(QK_TILE_B1, b + 64, 128);
+  }
+  qk_tile_dpbf16ps_chunk(0, a, 1, 32);
 }
 
 /* Seconds for STEPS steps, A read from the first a_bytes of a and B from
  * the first b_bytes of b, 2 KiB of each per step, in turn. */
 static double run(const char* a, size_t a_bytes, const char* b, size_t b_bytes, int stream_b) {
-  configure_tiles();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  start_tiles();
   size_t ao = 0, bo = 0;
   const double t0 = seconds();
   for (long s = 0; s < STEPS; s++) {
-    if (stream_b) {
-      _tile_stream_loadd(6, b + bo, 128);
-      _tile_stream_loadd(7, b + bo + 64, 128);
-    } else {
-      _tile_loadd(6, b + bo, 128);
-      _tile_loadd(7, b + bo + 64, 128);
-    }
-    _tile_loadd(4, a + ao, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, a + ao + 1024, 64);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    step(a + ao, b + bo, stream_b);
     ao = ao + 2048 < a_bytes ? ao + 2048 : 0;
     bo = bo + 2048 < b_bytes ? bo + 2048 : 0;
   }
   float c[16][16] __attribute__((aligned(64)));
-  _tile_stored(0, c, 64);
+  _tile_stored(QK_TILE_C00, c, 64);
   _tile_release();
   const double t = seconds() - t0;
   if (c[0][0] != 0.0f) puts("nonzero"); /* the buffers hold zeros: keeps c live */
@@ -85,11 +84,7 @@ enum beside { NOTHING, SHIFTS, PERMUTES, WIDENING };
  * dst (both in L1). */
 static double run_beside(enum beside work, int tiles, const char* a, const char* b, const int8_t* w,
                          char* dst, long steps) {
-  configure_tiles();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  start_tiles();
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   __m512i v0 = _mm512_set1_epi32(1), v1 = _mm512_set1_epi32(2), v2 = _mm512_set1_epi32(3),
           v3 = _mm512_set1_epi32(4), r0 = v0, r1 = v1, r2 = v2, r3 = v3;
@@ -117,16 +112,7 @@ static double run_beside(enum beside work, int tiles, const char* a, const char*
                            "+v"(v3));
       }
     }
-    if (tiles) {
-      _tile_loadd(6, b, 128);
-      _tile_loadd(7, b + 64, 128);
-      _tile_loadd(4, a, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, a + 1024, 64);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    if (tiles) step(a, b, 0);
   }
   _tile_release();
   const double t = seconds() - t0;
@@ -135,9 +121,10 @@ static double run_beside(enum beside work, int tiles, const char* a, const char*
 }
 
 int main(void) {
-  /* Linux grants the tile state per process (XFEATURE_XTILEDATA, 18) */
-  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
-    fputs("no AMX tile state from the kernel\n", stderr);
+  qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
+  qk_cpu_detect(&cpu);
+  if (!cpu.amx_bf16) {
+    fputs("no AMX-BF16 on this CPU, or no tile state from the kernel\n", stderr);
     return 1;
   }
   const size_t buffer = (size_t)64 << 20;

@@ -36,11 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#ifdef AB_KBLOCK
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
+#include "qkern/cpu.h"
 #include "qkern/fpenv.h"
 #include "qkern/woq.h"
 #include "scalar-convert.h"
@@ -217,9 +214,10 @@ int main(int argc, char** argv) {
             "ROUNDS >= 1\n");
     return 2;
   }
-  /* Linux grants the AMX tile state per process (XFEATURE_XTILEDATA, 18) */
-  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
-    fputs("ukernel_ab: no AMX tile state from the kernel: kblock needs a CPU with AMX\n", stderr);
+  qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
+  qk_cpu_detect(&cpu);
+  if (!cpu.amx_bf16) {
+    fputs("ukernel_ab: kblock runs AMX kernels: no AMX-BF16 here, or no tile state\n", stderr);
     return 2;
   }
   const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1, panels = nc / 32;

@@ -68,5 +68,6 @@ git archive "$rev" include src | tar -x -C "$work"
 objcopy --keep-global-symbol=qk_ab_a "$work/a.o"
 objcopy --keep-global-symbol=qk_ab_b "$work/b.o"
 "$cc" $flags $define -ffunction-sections -Wl,--gc-sections -Iinclude -Isrc/woq \
-  benchmarks/ukernel_ab.c src/woq/woq_pack.c "$work/a.o" "$work/b.o" -o "$work/ukernel_ab"
+  benchmarks/ukernel_ab.c src/woq/woq_pack.c src/cpu/cpu_detect.c "$work/a.o" "$work/b.o" \
+  -o "$work/ukernel_ab"
 "$work/ukernel_ab" "$@"
