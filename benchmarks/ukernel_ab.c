@@ -10,6 +10,7 @@
  *   ukernel_ab int8 NR KR MR NC KC XDT DT [ROUNDS]
  *   ukernel_ab int4 GROUP MR NC KC DT [ROUNDS]
  *   ukernel_ab kblock WIDENS M NC K DT [ROUNDS]
+ *   ukernel_ab int4kblock WIDENED GROUP M NC K DT [ROUNDS]
  *
  * int8: qk_woq_ukernel_fn on packed panels of layout (NR, KR) (KR = 0:
  * the row-major weight), rows of x in XDT (f32 for a kernel that converts
@@ -19,9 +20,14 @@
  * walks one chunk of NC columns (a multiple of 32): K in blocks of 1024,
  * each over the M rows of packed x in 32-row steps, y in DT; with WIDENS 1
  * the first row step of a block widens it into the buffer the later steps
- * read (the bf16w kernel), with 0 every step reads the packed block.  One
- * sample is a whole walk.  Kernels on widened or dequantized panels of the
- * driver's own widening are not called here.  Operands fit
+ * read (the bf16w kernel), with 0 every step reads the packed block.
+ * int4kblock: a qk_woq_int4_kblock_fn (AMX) walked the same way, K blocks
+ * of 1024 rounded down to whole groups of GROUP, over packed int4 panels
+ * (WIDENED 0) or panels holding bf16 values of q as the driver's widening
+ * writes them (WIDENED 1, the tilew kernel), with scales, zeros and x's
+ * group sums.  One sample is a whole walk.  Panel kernels on widened or
+ * dequantized panels of the driver's own widening are not called here.
+ * Operands fit
  * in L2 at the sizes this is meant for (K a few thousand, NC 128): the
  * kernel's own speed, without the memory system's noise.  With AB_COPIES=C
  * in the environment the weight (int4: with its scales and zeros) is held
@@ -42,7 +48,11 @@
 #include "qkern/woq.h"
 #include "scalar-convert.h"
 
-#ifdef AB_INT4
+#if defined(AB_INT4) && defined(AB_KBLOCK)
+#define AB_PARAMS                                                                              \
+  size_t, size_t, size_t, size_t, const void*, const float*, size_t, qk_dtype, const uint8_t*, \
+      size_t, const void*, size_t, float*, int, int, const float*, void*, ptrdiff_t
+#elif defined(AB_INT4)
 #define AB_PARAMS                                                                             \
   size_t, size_t, size_t, size_t, const float* const*, qk_dtype, const uint8_t*, const void*, \
       size_t, const float*, void*, ptrdiff_t
@@ -136,16 +146,37 @@ static void* buffer(size_t bytes) {
 #ifdef AB_KBLOCK
 #define AB_K_BLOCK 1024 /* the driver's default */
 
-/* The operands of one walk of a K-block kernel over a chunk. */
+/* The operands of one walk of a K-block kernel over a chunk (int4:
+ * group, its x group sums xs and, with widens, panels widened beforehand
+ * as the driver widens them for tilew, panel_bytes apart). */
 typedef struct {
-  size_t m, nc, k, x_group, x_chunk, panel_bytes;
+  size_t m, nc, k, x_group, x_chunk, panel_bytes, group;
   int widens;
   qk_dtype dt;
   const char* x;
   char* wide;
-  float *acc, *scale;
+  float *acc, *scale, *xs;
 } kblock_walk;
 
+#ifdef AB_INT4
+/* The driver's walk of one chunk (woq_driver.c, run_kblock_task) with the
+ * int4 kernel fn over weight w (packed, or widened with o->widens) and
+ * scales and zeros sz, y to c. */
+static void walk(void (*fn)(AB_PARAMS), const kblock_walk* o, const uint8_t* w, const char* sz,
+                 char* c) {
+  const size_t esize = qk_dtype_size(o->dt), ld = (o->nc + 31) / 32 * 32;
+  const size_t groups = o->k / o->group, k_block = AB_K_BLOCK / o->group * o->group;
+  for (size_t k0 = 0; k0 < o->k; k0 += k_block) {
+    const size_t kc = o->k - k0 < k_block ? o->k - k0 : k_block, g0 = k0 / o->group;
+    for (size_t r = 0; r < o->m; r += 32)
+      fn(o->m - r < 32 ? o->m - r : 32, o->nc, kc, o->group,
+         o->x + r / 32 * o->x_group + k0 / 32 * o->x_chunk, o->xs + r * groups + g0, groups, o->dt,
+         w + k0 * (o->widens ? 64 : 16), o->panel_bytes, sz + g0 * o->nc * 2 * esize,
+         o->nc * 2 * esize, o->acc + r * ld, k0 == 0, k0 + kc >= o->k, NULL, c + r * o->nc * esize,
+         (ptrdiff_t)(o->nc * esize));
+  }
+}
+#else
 /* The driver's walk of one chunk (woq_driver.c, run_kblock_task) with kernel
  * fn over packed weight w, y to c. */
 static void walk(void (*fn)(AB_PARAMS), const kblock_walk* o, const int8_t* w, char* c) {
@@ -165,9 +196,10 @@ static void walk(void (*fn)(AB_PARAMS), const kblock_walk* o, const int8_t* w, c
   }
 }
 #endif
+#endif
 
 int main(int argc, char** argv) {
-#ifdef AB_INT4
+#if defined(AB_INT4) && !defined(AB_KBLOCK)
   size_t sizes[4];
   qk_dtype dt;
   const size_t rounds =
@@ -203,41 +235,82 @@ int main(int argc, char** argv) {
      nc * 2 * qk_dtype_size(dt), NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
   const size_t y_bytes = mr * nc * qk_dtype_size(dt);
 #elif defined(AB_KBLOCK)
+#ifdef AB_INT4
+  size_t sizes[5];
+  qk_dtype dt;
+  const size_t rounds =
+      read_args(argc, argv, "int4kblock", "WIDENED GROUP M NC K DT [ROUNDS]", 5, sizes, 1, &dt);
+  const size_t widens = sizes[0], group = sizes[1], m = sizes[2], nc = sizes[3], k = sizes[4];
+  if (widens > 1 || !group || group % 32 || group > AB_K_BLOCK || !m || !nc || nc % 32 || !k ||
+      k % group || !rounds) {
+    fprintf(stderr,
+            "ukernel_ab: expected WIDENED 0 or 1, GROUP a multiple of 32 up to %d dividing K, "
+            "M >= 1, NC a multiple of 32, ROUNDS >= 1\n",
+            AB_K_BLOCK);
+    return 2;
+  }
+  const char* kind = "int4kblock";
+#else
   size_t sizes[4];
   qk_dtype dt;
   const size_t rounds =
       read_args(argc, argv, "kblock", "WIDENS M NC K DT [ROUNDS]", 4, sizes, 1, &dt);
-  const size_t widens = sizes[0], m = sizes[1], nc = sizes[2], k = sizes[3];
+  const size_t widens = sizes[0], m = sizes[1], nc = sizes[2], k = sizes[3], group = 0;
   if (widens > 1 || !m || !nc || nc % 32 || !k || !rounds) {
     fprintf(stderr,
             "ukernel_ab: expected WIDENS 0 or 1, M >= 1, NC a multiple of 32, K, "
             "ROUNDS >= 1\n");
     return 2;
   }
+  const char* kind = "kblock";
+#endif
   qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
   qk_cpu_detect(&cpu);
   if (!cpu.amx_bf16) {
-    fputs("ukernel_ab: kblock runs AMX kernels: no AMX-BF16 here, or no tile state\n", stderr);
+    fprintf(stderr, "ukernel_ab: %s runs AMX kernels: no AMX-BF16 here, or no tile state\n", kind);
     return 2;
   }
   const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1, panels = nc / 32;
-  kblock_walk o = {m, nc, k, 0, planes * 2048, 32 * (k + k % 2), (int)widens, dt};
+  /* int4: 16 bytes per k and panel packed, 64 widened; int8: 32 per k */
+  const size_t panel_bytes = group ? k * (widens ? 64 : 16) : 32 * (k + k % 2);
+  kblock_walk o = {m, nc, k, 0, planes * 2048, panel_bytes, group, (int)widens, dt};
   o.x_group = (k + 31) / 32 * o.x_chunk;
   /* packed x as the driver packs it, each plane holding small bf16 values */
   uint16_t* x = buffer((m + 31) / 32 * o.x_group);
   for (size_t i = 0; i < (m + 31) / 32 * o.x_group / 2; i++)
     x[i] = (uint16_t)(0x3e00 + (i * 7 % 13) * 16 + (i % 3 ? 0x8000 : 0));
   o.x = (const char*)x;
-  o.wide = buffer(panels * (AB_K_BLOCK / 2 / 16) * 2048);
   o.acc = buffer((m + 31) / 32 * 32 * nc * sizeof(float));
-  o.scale = buffer(nc * sizeof(float));
-  for (size_t n = 0; n < nc; n++) o.scale[n] = (float)(1 + n % 5) / 64.0f;
   const size_t copies = weight_copies(), w_bytes = panels * o.panel_bytes;
   const size_t w_stride = copy_stride(w_bytes, copies);
+#ifdef AB_INT4
+  o.xs = buffer((m + 31) / 32 * 32 * (k / group) * sizeof(float));
+  for (size_t i = 0; i < (m + 31) / 32 * 32 * (k / group); i++) o.xs[i] = (float)(i % 9) / 4.0f;
+  uint8_t* w = buffer(copies * w_stride);
+  if (widens) /* bf16(q), q = 0..15, as the widening writes them */
+    for (size_t i = 0; i < w_bytes / 2; i++)
+      qk_store_from_f32(w, i, QK_BF16, (float)((i * 37 + (i >> 7)) % 16));
+  else
+    for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
+  const size_t sz_bytes = k / group * nc * 2 * qk_dtype_size(dt);
+  const size_t sz_copy = copy_stride(sz_bytes, copies);
+  char* sz = buffer(copies * sz_copy);
+  for (size_t i = 0; i < k / group * nc * 2; i++)
+    qk_store_from_f32(sz, i, dt,
+                      i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
+  replicate(sz, sz_bytes, sz_copy, copies);
+#define AB_CALL(FN, C, COPY) walk(FN, &o, w + (COPY) * w_stride, sz + (COPY) * sz_copy, C)
+#else
+  o.wide = buffer(panels * (AB_K_BLOCK / 2 / 16) * 2048);
+  o.scale = buffer(nc * sizeof(float));
+  for (size_t n = 0; n < nc; n++) o.scale[n] = (float)(1 + n % 5) / 64.0f;
   int8_t* w = buffer(copies * w_stride);
   for (size_t i = 0; i < w_bytes; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
+#endif
   replicate(w, w_bytes, w_stride, copies);
+#ifndef AB_INT4
 #define AB_CALL(FN, C, COPY) walk(FN, &o, w + (COPY) * w_stride, C)
+#endif
   const size_t y_bytes = m * nc * qk_dtype_size(dt);
 #else
   size_t sizes[5];

@@ -4,6 +4,7 @@
 #   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int8 NR KR MR NC KC XDT DT [ROUNDS]
 #   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int4 GROUP MR NC KC DT [ROUNDS]
 #   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL kblock WIDENS M NC K DT [ROUNDS]
+#   bash benchmarks/ukernel_ab.sh REV FILE SYMBOL int4kblock WIDENED GROUP M NC K DT [ROUNDS]
 # e.g. the AVX-512 int4 kernel (float32 y) on 8 rows, 128 columns,
 # K = 4096, groups of 128, against the commit before the last:
 #   bash benchmarks/ukernel_ab.sh HEAD~1 src/woq/f32-qb4w-gemm-x32c1-avx512.c \
@@ -22,10 +23,16 @@
 # first row step, the bf16w kernel), e.g. 128 rows, 256 columns, K = 4096:
 #   bash benchmarks/ukernel_ab.sh HEAD~1 src/woq/bf16-gemm-x32c2-amx.c \
 #       qk_woq_bf16w_gemm_kblock_32x32c2__amx kblock 1 128 256 4096 bf16
+# int4kblock: an int4 AMX K-block kernel walked the same way (K blocks of
+# 1024 rounded down to whole groups of GROUP), over packed int4 panels
+# (WIDENED 0, tile_qb4w) or panels widened beforehand as the driver widens
+# them (WIDENED 1, tilew_qb4w), e.g. 128 rows, groups of 128:
+#   bash benchmarks/ukernel_ab.sh HEAD~1 src/woq/tile-qb4w-gemm-x32c1-amx.c \
+#       qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx int4kblock 1 128 128 256 4096 bf16
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 9 ]; then
-  sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 rev=$1 file=${2#./} symbol=$3
@@ -35,7 +42,8 @@ case "$kind" in
   int8) define= ;;
   int4) define=-DAB_INT4 ;;
   kblock) define=-DAB_KBLOCK ;;
-  *) echo "ukernel_ab: the kind is int8, int4 or kblock, not $kind" >&2; exit 2 ;;
+  int4kblock) define="-DAB_KBLOCK -DAB_INT4" ;;
+  *) echo "ukernel_ab: the kind is int8, int4, kblock or int4kblock, not $kind" >&2; exit 2 ;;
 esac
 python=${PYTHON:-python3}
 # setup.py's flags: the ISA library's, COMMON_CFLAGS and KERNEL_CFLAGS

@@ -27,6 +27,16 @@ AMX_KERNEL = ("src/woq/bf16-gemm-x32c2-amx.c", "qk_woq_bf16w_gemm_kblock_32x32c2
 # widening on the first row step; 40 rows (a partial second row step), 64
 # columns, K = 1100 (a second, partial K block), float16 x (two planes)
 KBLOCK_ARGS = ["kblock", "1", "40", "64", "1100", "f16", "3"]
+INT4_AMX_KERNEL = ("src/woq/tile-qb4w-gemm-x32c1-amx.c",
+                   "qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx")
+INT4_AMXW_KERNEL = (INT4_AMX_KERNEL[0], "qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx")
+# groups of 64, 40 rows, 64 columns, K = 1152 (K blocks of 1024 and 128),
+# float32 x (three planes)
+INT4_KBLOCK_ARGS = ["int4kblock", "0", "64", "40", "64", "1152", "f32", "3"]
+KBLOCK_CASES = [
+    pytest.param(AMX_KERNEL, KBLOCK_ARGS, id="int8"),
+    pytest.param(INT4_AMX_KERNEL, INT4_KBLOCK_ARGS, id="int4"),
+    pytest.param(INT4_AMXW_KERNEL, ["int4kblock", "1", *INT4_KBLOCK_ARGS[2:]], id="int4-widened")]
 needs_amx = pytest.mark.skipif(not qkern.cpu_features()["amx_bf16"],
                                reason="the kblock walk runs an AMX kernel; this CPU has no AMX")
 
@@ -98,8 +108,9 @@ def test_a_file_setup_py_does_not_build_is_refused(tmp_path):
 
 
 @needs_amx
-def test_kblock_walk_of_the_same_kernel_gives_the_same_bits(tmp_path):
-    report = _run(_clone(tmp_path), copies="2", kernel=AMX_KERNEL, args=KBLOCK_ARGS)
+@pytest.mark.parametrize("kernel, args", KBLOCK_CASES)
+def test_kblock_walk_of_the_same_kernel_gives_the_same_bits(tmp_path, kernel, args):
+    report = _run(_clone(tmp_path), copies="2", kernel=kernel, args=args)
     ratio = re.search(r"^b / a: min (\d+\.\d+)  median (\d+\.\d+)", report, re.M)
     assert ratio and all(float(r) > 0 for r in ratio.groups()), report
     assert "alternating, 2 weight copies in turn)" in report
@@ -107,20 +118,36 @@ def test_kblock_walk_of_the_same_kernel_gives_the_same_bits(tmp_path):
 
 
 @needs_amx
-def test_kblock_walk_reports_a_changed_kernel_different(tmp_path):
-    """Control: the working tree's AMX kernel ignores the scales."""
+@pytest.mark.parametrize("kernel, args, old, new", [
+    (AMX_KERNEL, KBLOCK_ARGS, "_mm512_loadu_ps(scale + col)", "_mm512_set1_ps(1.0f)"),
+    (INT4_AMX_KERNEL, INT4_KBLOCK_ARGS,
+     "v = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * xs_stride]), zp, v);", "")],
+    ids=["int8-scales-ignored", "int4-zeros-dropped"])
+def test_kblock_walk_reports_a_changed_kernel_different(tmp_path, kernel, args, old, new):
+    """Control: the working tree's AMX kernel ignores the scales (int8) or
+    drops the zeros (int4)."""
     clone = _clone(tmp_path)
-    source = clone / AMX_KERNEL[0]
+    source = clone / kernel[0]
     text = source.read_text()
-    assert "_mm512_loadu_ps(scale + col)" in text
-    source.write_text(text.replace("_mm512_loadu_ps(scale + col)", "_mm512_set1_ps(1.0f)"))
-    assert "bits: DIFFERENT" in _run(clone, kernel=AMX_KERNEL, args=KBLOCK_ARGS)
+    assert old in text
+    source.write_text(text.replace(old, new))
+    assert "bits: DIFFERENT" in _run(clone, kernel=kernel, args=args)
 
 
 @needs_amx
-def test_kblock_walk_refuses_bad_shapes(tmp_path):
+@pytest.mark.parametrize("kernel, bad_args, message", [
+    (AMX_KERNEL,
+     [["kblock", *bad, "1100", "f16", "3"]
+      for bad in (["2", "40", "64"], ["1", "0", "64"], ["1", "40", "48"])],
+     "expected WIDENS 0 or 1, M >= 1, NC a multiple of 32"),
+    (INT4_AMX_KERNEL,
+     [["int4kblock", *bad, "f32", "3"]
+      for bad in (["2", "64", "40", "64", "1152"], ["0", "48", "40", "64", "1152"],
+                  ["0", "64", "40", "64", "1100"], ["0", "2048", "40", "64", "4096"],
+                  ["0", "64", "0", "64", "1152"], ["0", "64", "40", "48", "1152"])],
+     "expected WIDENED 0 or 1, GROUP a multiple of 32 up to 1024 dividing K")],
+    ids=["int8", "int4"])
+def test_kblock_walk_refuses_bad_shapes(tmp_path, kernel, bad_args, message):
     clone = _clone(tmp_path)
-    for bad in (["2", "40", "64"], ["1", "0", "64"], ["1", "40", "48"]):
-        args = ["kblock", *bad, "1100", "f16", "3"]
-        assert "expected WIDENS 0 or 1, M >= 1, NC a multiple of 32" in _run(
-            clone, ok=False, kernel=AMX_KERNEL, args=args), bad
+    for args in bad_args:
+        assert message in _run(clone, ok=False, kernel=kernel, args=args), args
