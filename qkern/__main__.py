@@ -58,7 +58,7 @@ def _table_lines(header: tuple, rows: list) -> list:
 def _traits(k) -> str:
     traits = [t for t, on in (("widened", k.widened), ("dequantizes", k.dequantizes),
                               ("converts-x", k.converts_x), ("packs-x", k.packs_x),
-                              ("splits-x", k.splits_x),
+                              ("splits-x", k.splits_x), ("sums-bytes", k.sums_bytes),
                               ("flushes-subnormals", k.flushes_subnormals)) if on]
     return ",".join(traits) or "-"
 

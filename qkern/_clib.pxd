@@ -78,6 +78,7 @@ cdef extern from "qkern/woq.h":
     enum:
         QK_TRAIT_FLUSHES_SUBNORMALS
         QK_TRAIT_SPLITS_X
+        QK_TRAIT_SUMS_BYTES
 
     ctypedef struct qk_woq_blocking:
         uint32_t rows

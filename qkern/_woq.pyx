@@ -9,7 +9,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from qkern._clib cimport (QK_ERR_ARG, QK_ERR_NOMEM, QK_OK, QK_TRAIT_FLUSHES_SUBNORMALS,
-                          QK_TRAIT_SPLITS_X, QK_WOQ_INT4_GROUPWISE, QK_WOQ_INT8_PER_CHANNEL,
+                          QK_TRAIT_SPLITS_X, QK_TRAIT_SUMS_BYTES, QK_WOQ_INT4_GROUPWISE, QK_WOQ_INT8_PER_CHANNEL,
                           QK_WOQ_KBLOCK, QK_WOQ_PANELS, QK_WOQ_UNPACKED, qk_dtype,
                           qk_woq_blocking, qk_woq_gemm, qk_woq_gemm_int4, qk_woq_gemm_widened,
                           qk_woq_group_sums,
@@ -39,6 +39,7 @@ def registry():
             "weight_format": _FORMATS[e.format], "group_size": e.group_size,
             "flushes_subnormals": bool(e.traits & QK_TRAIT_FLUSHES_SUBNORMALS),
             "splits_x": bool(e.traits & QK_TRAIT_SPLITS_X),
+            "sums_bytes": bool(e.traits & QK_TRAIT_SUMS_BYTES),
             "widened": e.widen != NULL, "widened_bytes": e.widened_bytes,
             "dequantizes": e.dequantize != NULL,
             "converts_x": e.convert_x != NULL,

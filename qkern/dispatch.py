@@ -115,11 +115,14 @@ WIDENED_ABOVE_ROW_BLOCKS = _read_only({"amx": {INT8: 1, INT4: 2}, "avx512_bf16":
 # cache, took AMX there by 1.12-1.14), AMX 1.28 against 1.45 at M = 6;
 # float16 1.04-1.29 against 1.42-1.53 at M = 1-4, even at 6, AMX at 8
 # (1.52 against 2.28); float32 1.03-1.49 against 1.65-1.70 at M = 1-6, AMX
-# at 8 (1.66 against 2.18).  int4 bfloat16 0.71 / 0.89 ms against 0.97 / 0.96 at M = 1 / 2,
-# even at 3 (two threads), AMX 0.98 against 1.24 at 4; float16 the same;
-# float32 even at 4 (1.21 against 1.20), AMX 1.25 against 1.56 at 6.
+# at 8 (1.66 against 2.18).  int4, since f32_qb4w sums the high nibbles
+# from byte sums (min of 9-12, one / two threads): bfloat16 AVX-512 0.81 /
+# 0.42 ms against AMX 0.83 / 0.45 at M = 2, AMX 0.82 / 0.45 against 1.00 /
+# 0.53 at 3; float16 AVX-512 1.19 / 0.82 against 1.42 / 0.94 at 3, AMX
+# 1.43 / 0.94 against 1.47 / 1.03 at 4; float32 AVX-512 1.22 / 0.83
+# against 1.31 / 0.88 at 4, AMX 1.34 / 0.89 against 1.43 / 0.97 at 5.
 AMX_FROM_M = _read_only({INT8: {"bfloat16": 5, "float16": 7, "float32": 7},
-                         INT4: {"bfloat16": 3, "float16": 3, "float32": 4}})
+                         INT4: {"bfloat16": 3, "float16": 4, "float32": 5}})
 
 # On a CPU with AMX, the N (columns of the weight) from which the static
 # rule takes the AMX kernels, per weight format and dtype of x; narrower
@@ -363,6 +366,12 @@ class Kernel:
         Whether float16/float32 activations reach it split into bfloat16
         planes whose sum is exact (2 for float16, 3 for float32; each plane
         one more bf16 product per weight), made by the driver.
+    sums_bytes : bool
+        int4: whether it sums each high nibble's products as the products
+        of the whole packed bytes less those of the low nibbles (compute
+        ``f32_qb4w``, :doc:`/int4`): one conversion per byte where the
+        high nibble would take a shift and a conversion, a slightly larger
+        error bound.
     widened : bool
         Whether it reads weight panels widened to bf16 or float32 instead
         of the packed int8 bytes: widened once per chunk of columns (by
@@ -410,6 +419,7 @@ class Kernel:
     group_size: int
     flushes_subnormals: bool
     splits_x: bool
+    sums_bytes: bool
     widened: bool
     widened_bytes: int
     dequantizes: bool

@@ -48,10 +48,11 @@ def int4_bound_traits(x, n: int) -> dict:
     """The arguments of the int4 bound (tests/reference.py) that cover the
     int4 call on activations ``x``: ``daz`` where a kernel this process may
     run for x's dtype flushes subnormals (``bf16_qb4w``, ``tile_qb4w``),
-    ``planes`` the most bf16 planes one splits x into (``tile_qb4w``), and
-    ``dequantized`` where the static rule runs a kernel on dequantized
-    weights for x's rows and ``n`` columns (``f32dq_qb4w``; the tests that
-    use it run without autotuning)."""
+    ``planes`` the most bf16 planes one splits x into (``tile_qb4w``),
+    ``byte_sums`` where one sums the high nibbles from byte sums
+    (``f32_qb4w``), and ``dequantized`` where the static rule runs a kernel
+    on dequantized weights for x's rows and ``n`` columns (``f32dq_qb4w``;
+    the tests that use it run without autotuning)."""
     dtype = np.asarray(x).dtype
     rows = int(np.prod(np.shape(x)[:-1]))
     kernels = [k for k in qkern.kernels()
@@ -59,6 +60,7 @@ def int4_bound_traits(x, n: int) -> dict:
     static = qkern.dispatch.choose_kernel(dtype, rows, weight_format=qkern.dispatch.INT4, n=n)
     return {"daz": any(k.flushes_subnormals for k in kernels),
             "planes": max(k.planes(dtype) for k in kernels),
+            "byte_sums": any(k.sums_bytes for k in kernels),
             "dequantized": static.dequantizes}
 
 

@@ -198,6 +198,15 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # 2**-7 + 2**-14)) sums P g exact products in its own order: P g in place
 # of g in the roundings and the flushes above, and the x_k q_k part of T
 # grown by that factor (step 7 of the int8 analysis).
+# A kernel summing a high nibble's p from byte sums (f32_qb4w, byte_sums):
+# for column j + 16 of a panel, p = (pb - plo) * 2**-4, pb the FMA chain of
+# x_k b_k (b_k = 16 q_k + q'_k, the whole byte, exact in fp32; q' the low
+# nibble, column j) and plo column j's chain: |pb - PB| <= gamma_g sum
+# |x_k| b_k and |plo - PLO| <= gamma_g sum |x_k| q'_k, the subtraction one
+# more rounding, so |p - P| <= gamma_{g+1} sum |x_k| (q_k + q'_k / 8), and
+# the product by 2**-4 is exact but in the subnormal range (2**-150 more,
+# times |s| in acc): q_k + q'_k / 8 in place of q_k in T for the high
+# nibbles, g + 1 in place of g in the roundings, + 2**-150 sum_grp |s|.
 # A kernel on dequantized weights (f32dq_qb4w, dequantized) sums no groups:
 # w^ = fma(q, s, z'^) with z'^ = z' rounded once, so
 # |w^ - w| <= (2u + u^2)(q |s| + |z'|) + 3 * 2**-150, then one FMA chain of
@@ -242,6 +251,54 @@ def _round_f32(v: Fraction) -> Fraction:
     return (whole if v > 0 else -whole) * quantum
 
 
+def int4_byte_sums_model(x, q, sz, group_size, bias=None):
+    """The bits of compute ``f32_qb4w`` (include/qkern/woq.h), in exact
+    rationals rounded to float32 step by step: per group, the FMA chain of
+    x_k q_k for a low nibble (column n % 32 < 16); for a high nibble,
+    (the chain of x_k b_k - the chain of its low nibble's x_k q'_k) * 2**-4,
+    b_k = 16 q_k + q'_k the whole byte, q' column n - 16; xs the chain of
+    adds of x_k; then z' = fma(-8, s, z), acc = fma(p, s, acc), acc =
+    fma(xs, z', acc) group by group, acc + bias, then y in x's dtype.
+    Slow: for small problems.  A sum that rounds to zero comes out +0, so
+    the inputs should keep every partial sum away from the underflow
+    range."""
+    x = np.asarray(x)
+    q = np.asarray(q)
+    s = np.asarray(sz[..., 0]).astype(np.float32)
+    z = np.asarray(sz[..., 1]).astype(np.float32)
+    n, k = q.shape
+
+    def chain(row, values):
+        acc = Fraction(0)
+        for xk, v in zip(row, values):
+            acc = _round_f32(xk * int(v) + acc)
+        return acc
+
+    y = np.empty((x.shape[0], n), np.float32)
+    for i, row in enumerate(x.astype(np.float32)):
+        xr = [Fraction(float(v)) for v in row]
+        for j in range(n):
+            acc = Fraction(0)
+            for g in range(k // group_size):
+                ks = slice(g * group_size, (g + 1) * group_size)
+                if j % 32 < 16:
+                    p = chain(xr[ks], q[j, ks])
+                else:
+                    low = q[j - 16, ks].astype(np.int64)
+                    p = _round_f32(_round_f32(chain(xr[ks], 16 * q[j, ks].astype(np.int64) + low)
+                                              - chain(xr[ks], low)) / 16)
+                xs = Fraction(0)
+                for xk in xr[ks]:
+                    xs = _round_f32(xs + xk)
+                sj, zj = Fraction(float(s[g, j])), Fraction(float(z[g, j]))
+                acc = _round_f32(p * sj + acc)
+                acc = _round_f32(xs * _round_f32(-8 * sj + zj) + acc)
+            if bias is not None:
+                acc = _round_f32(acc + Fraction(float(np.float32(bias[j]))))
+            y[i, j] = np.float32(float(acc))
+    return y.astype(x.dtype)
+
+
 def int4_dequantized_model(x, q, sz, group_size, bias=None):
     """The bits of compute ``f32dq_qb4w`` (include/qkern/woq.h), in exact
     rationals rounded to float32 step by step: z' = fma(-8, s, z), w =
@@ -274,10 +331,11 @@ def int4_dequantized_model(x, q, sz, group_size, bias=None):
 
 
 def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1,
-               dequantized: bool = False):
+               dequantized: bool = False, byte_sums: bool = False):
     """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
     kernel that flushes subnormals, ``planes``: bf16 planes per x,
-    ``dequantized``: for a kernel on dequantized weights too)."""
+    ``dequantized``: for a kernel on dequantized weights too,
+    ``byte_sums``: for a kernel summing the high nibbles from byte sums)."""
     dtype = np.dtype(dtype)
     x_abs = np.abs(np.asarray(x).astype(np.float64))
     groups = np.asarray(sz).shape[0]
@@ -285,16 +343,21 @@ def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int
     zp = np.abs(np.asarray(sz[..., 1]).astype(np.float64) - 8 * np.asarray(sz[..., 0],
                                                                            np.float64))
     q64 = np.asarray(q).astype(np.float64)
+    if byte_sums:  # each high nibble's column j + 16 also carries q'/8 of column j
+        high = np.arange(len(q64)) % 32 >= 16
+        q64[high] += q64[np.flatnonzero(high) - 16] / 8
     growth = 1 + 2.0**-7 + 2.0**-14 if planes > 1 else 1.0
     big_t = (growth * (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T)
              + x_abs @ np.repeat(zp.T, group_size, axis=1).T)
-    steps = planes * group_size + 2 * groups + 2
+    steps = planes * group_size + 2 * groups + 2 + (1 if byte_sums else 0)
     k = groups * group_size
     if dequantized:
         steps = max(steps, k + 3)
     gamma = steps * U32 / (1 - steps * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
     e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
+    if byte_sums:
+        e32 = e32 + 2.0**-150 * s.sum(axis=0)
     if dequantized:
         e32 = (e32 + (k + 1) * (1 + gamma) * 2.0**-150
                + 4 * 2.0**-150 * x_abs.sum(axis=-1, keepdims=True))
@@ -305,12 +368,12 @@ def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int
 
 
 def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1,
-                      dequantized=False):
+                      dequantized=False, byte_sums=False):
     """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*."""
     dtype = np.dtype(np.asarray(x).dtype)
     assert y.dtype == dtype, (y.dtype, dtype)
     ref = int4_reference(x, q, sz, group_size, bias)
-    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized)
+    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized, byte_sums)
     assert y.shape == ref.shape, (y.shape, ref.shape)
     err = np.abs(y.astype(np.float64) - ref)
     bad = ~(err <= tol)  # NaN fails

@@ -214,7 +214,13 @@ typedef enum qk_woq_format {
  * increasing k, computed by the driver, qk_woq_group_sums); then, g by g,
  * acc = fma(p, s, acc), acc = fma(xs, z', acc) from acc = 0, where
  * z' = fma(-8, s, z) (f32, one rounding); y = acc + bias.  p is
- *   f32_qb4w   an fp32 FMA chain, one k per step;
+ *   f32_qb4w   an fp32 FMA chain, one k per step, for the low nibbles
+ *              (columns 0..15 of a panel); for a high nibble (column j +
+ *              16), p = (pb - plo) * 2^-4, pb the FMA chain of x[k] *
+ *              byte[k] (the whole packed byte, 16 q + the low nibble, 0..255,
+ *              exact in f32) and plo column j's p, the subtraction one
+ *              rounding, the product by 2^-4 exact but in the subnormal
+ *              range (so widening a byte costs one conversion, no shift);
  *   bf16_qb4w  (bf16 x) a vdpbf16ps chain, one pair k, k + 1 (k even) per
  *              step: p += x[k+1] q[k+1], then p += x[k] q[k], each product
  *              exact, each add rounded to nearest even with bf16 inputs
@@ -304,7 +310,10 @@ enum {
    * the driver hands it rows that start on a 64-byte line (when one of a
    * call's rows does not, it copies, or converts, the rows into its buffer
    * of rows), so that no load splits a line. */
-  QK_TRAIT_LINE_ALIGNED_X = 1u << 2
+  QK_TRAIT_LINE_ALIGNED_X = 1u << 2,
+  /* int4: the sums of the high nibbles come from sums of whole packed
+   * bytes less the low nibbles' (compute f32_qb4w, below). */
+  QK_TRAIT_SUMS_BYTES = 1u << 3
 };
 
 /*

@@ -4,8 +4,11 @@
  *
  * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
  * layout (nr = 32), in the order of the sums the header fixes for every
- * int4 kernel: per group, p = fma chain of x[k] * q[k] from 0 in
- * increasing k; then acc = fma(p, s, acc), acc = fma(xs, z', acc) with
+ * int4 kernel, compute f32_qb4w: per group, p = fma chain of x[k] * q[k]
+ * from 0 in increasing k for a low nibble (columns 0..15 of a panel), and
+ * for a high nibble p = (pb - plo) * 2^-4, pb the fma chain of x[k] times
+ * the whole byte, plo the low nibble's p; then acc = fma(p, s, acc),
+ * acc = fma(xs, z', acc) with
  * z' = fma(-8, s, z) and xs the driver's group sum; y = acc (+ bias), one
  * rounding to dt.  Rows of x arrive in f32 with their group sums.
  */
@@ -15,10 +18,16 @@
 #include "qkern/woq_ukernels.h"
 #include "scalar-convert.h"
 
-/* q of column j (0..31) of a panel at row k. */
-static unsigned nibble(const uint8_t* panel, size_t k, size_t j) {
-  const uint8_t byte = panel[k * 16 + j % 16];
-  return j < 16 ? byte & 15u : byte >> 4;
+/* The group's p of column j (0..31) of a panel for row x, k from k0 to
+ * k1 - 1. */
+static float group_sum(const uint8_t* panel, size_t j, const float* x, size_t k0, size_t k1) {
+  float low = 0.0f, bytes = 0.0f; /* the chains of the low nibbles, of the bytes */
+  for (size_t k = k0; k < k1; k++) {
+    const uint8_t byte = panel[k * 16 + j % 16];
+    low = fmaf(x[k], (float)(byte & 15u), low);
+    bytes = fmaf(x[k], (float)byte, bytes);
+  }
+  return j < 16 ? low : (bytes - low) * 0.0625f;
 }
 
 static void f32_qb4w_gemm_ref(size_t MR, size_t mr, size_t nc, size_t kc, size_t group_size,
@@ -32,9 +41,7 @@ static void f32_qb4w_gemm_ref(size_t MR, size_t mr, size_t nc, size_t kc, size_t
     for (size_t m = 0; m < mr; m++) {
       float acc = 0.0f;
       for (size_t g = 0; g < groups; g++) {
-        float p = 0.0f;
-        for (size_t k = g * group_size; k < (g + 1) * group_size; k++)
-          p = fmaf(a[m][k], (float)nibble(panel, k, col % 32), p);
+        const float p = group_sum(panel, col % 32, a[m], g * group_size, (g + 1) * group_size);
         const char* pair = (const char*)sz + g * sz_stride;
         const float s = qk_load_as_f32(pair, 2 * col, dt);
         const float z = qk_load_as_f32(pair, 2 * col + 1, dt);

@@ -3,14 +3,16 @@
  * groupwise weights, AVX2 + FMA + F16C.
  *
  * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
- * layout (nr = 32), the order of sums the header fixes for every int4
- * kernel.  x arrives in f32 with its group sums (the driver converts it).
+ * layout (nr = 32), the order of sums the header fixes for the f32_qb4w
+ * kernels.  x arrives in f32 with its group sums (the driver converts it).
  * A panel is walked in two halves: 8 bytes of each 16-byte row (one k)
- * widen in-register to two vectors of 8 f32 q values, columns 8h..8h+7
- * and 16+8h..16+8h+7 (zero-extend, AND / shift, convert), shared by the
- * rows: one FMA per row and vector into the group's partial sums p (12 of
- * the 16 ymm registers at 6 rows).  At the end of each group, per row and
- * column, acc = fma(p, s, acc) then acc = fma(xs, z', acc), with s and
+ * widen in-register to two vectors of 8 f32 values, the low nibbles of
+ * columns 8h..8h+7 (zero-extend, AND, convert) and the whole bytes (the
+ * same zero-extension, convert; no shift), shared by the rows: one FMA per
+ * row and vector into the group's sums (12 of the 16 ymm registers at 6
+ * rows).  At the end of each group the high nibbles' p, columns
+ * 16+8h..16+8h+7, is (bytes' sum - low nibbles' sum) * 2^-4; then per row
+ * and column, acc = fma(p, s, acc) then acc = fma(xs, z', acc), with s and
  * z' = fma(-8, s, z) read from scales_and_zeros in y's dtype (acc lives
  * in L1 between groups).  The body is specialised for each mr in 1..6, so
  * no FMA is spent on a missing row.  One row runs four halves (two panels)
@@ -31,7 +33,7 @@
 
 /* One k of GS groups: per group s, the 16-byte rows at wk + s *
  * group_bytes (and, for H > 2, panel_bytes further) widened and multiplied
- * into the partial sums ps[.][2H s ..] of MR rows. */
+ * into the sums ps[.][2H s ..] of MR rows (low nibbles, then bytes). */
 QK_INLINE void qb4w_step(const size_t MR, const size_t H, const size_t GS, const uint8_t* wk,
                          size_t panel_bytes, size_t group_size, const float* const* xr, size_t k,
                          __m256i low, __m256 ps[6][8]) {
@@ -42,7 +44,7 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t H, const size_t GS, const
       const uint8_t* row = wk + s * group_size * 16 + h / 2 * panel_bytes + h % 2 * 8;
       const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)row));
       const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
-      const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+      const __m256 q1 = _mm256_cvtepi32_ps(b); /* the whole bytes */
       for (size_t i = 0; i < MR; i++) {
         const __m256 xv = _mm256_broadcast_ss(xr[i] + k + s * group_size);
         ps[i][2 * H * s + 2 * h] = _mm256_fmadd_ps(xv, q0, ps[i][2 * H * s + 2 * h]);
@@ -93,6 +95,11 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t H, const size_t GS, con
       qb4w_step(MR, H, GS, wk, panel_bytes, group_size, ar, k, low, ps);
     }
   }
+  /* the high nibbles' p from the bytes' sums */
+  const __m256 sixteenth = _mm256_set1_ps(0.0625f);
+  for (size_t i = 0; i < MR; i++)
+    for (size_t v = 1; v < 2 * H * GS; v += 2)
+      ps[i][v] = _mm256_mul_ps(_mm256_sub_ps(ps[i][v], ps[i][v - 1]), sixteenth);
 #pragma GCC unroll 2
   for (size_t s = 0; s < GS; s++) {
     const char* row = sz + (g + s) * sz_stride;

@@ -3,14 +3,16 @@
  * groupwise weights, AVX-512 F/BW/VL + FMA + F16C.
  *
  * Contract: qk_woq_int4_ukernel_fn (include/qkern/woq.h), packed int4
- * layout (nr = 32), the order of sums the header fixes for every int4
- * kernel.  x arrives in f32 with its group sums (the driver converts it).
- * A panel's 16-byte row (one k) widens in-register to two vectors of 16 f32
- * q values, columns 0..15 and 16..31 (qk512_qb4w_widen_f32: one
- * zero-extension, a vpermps lookup for the low nibbles, a shift and a
- * conversion for the high ones), shared by the rows: one FMA per row and
- * vector into the group's partial sums p.  At the end of each group, per row
- * and column, acc = fma(p, s, acc) then acc = fma(xs, z', acc), with s and
+ * layout (nr = 32), the order of sums the header fixes for the f32_qb4w
+ * kernels.  x arrives in f32 with its group sums (the driver converts it).
+ * A panel's 16-byte row (one k) widens in-register to two vectors of 16
+ * f32 values (widen_low_and_bytes): the low nibbles, columns 0..15, and the
+ * whole bytes (one zero-extension, a vpermps lookup for the nibbles, a
+ * conversion for the bytes: three instructions where the high nibbles
+ * would take four), shared by the rows: one FMA per row and vector into
+ * the group's sums.  At the end of each group the high nibbles' p, columns
+ * 16..31, is (bytes' sum - low nibbles' sum) * 2^-4; then per row and
+ * column, acc = fma(p, s, acc) then acc = fma(xs, z', acc), with s and
  * z' = fma(-8, s, z) read from scales_and_zeros in y's dtype (masked:
  * nothing beyond column nc).  The body is specialised for each mr in 1..8,
  * so no FMA is spent on a missing row; one row runs four panels at once and
@@ -25,9 +27,19 @@
 #include "qb4w-avx512.h"
 #include "qkern/woq_ukernels.h"
 
+/* The 16-byte packed int4 row at row -> the f32 values of its low
+ * nibbles, columns 0..15 (*low: a lookup in table, qk512_qb4w_f32_of_q
+ * loaded, which reads the low 4 bits of each zero-extended byte), and of
+ * its whole bytes (*bytes). */
+QK_INLINE void widen_low_and_bytes(const uint8_t* row, __m512 table, __m512* low, __m512* bytes) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
+  *low = _mm512_permutexvar_ps(b, table);
+  *bytes = _mm512_cvtepi32_ps(b);
+}
+
 /* One k of GS groups: per group s, the 16-byte rows at wk + s *
  * group_size * 16 + p * panel_bytes (p < P) widened and multiplied into
- * the partial sums ps[.][2P s ..] of MR rows. */
+ * the sums ps[.][2P s ..] of MR rows (low nibbles, then bytes). */
 QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const uint8_t* wk,
                          size_t panel_bytes, size_t group_size, const float* const* ar, size_t k,
                          __m512 table, __m512 ps[8][8]) {
@@ -36,7 +48,7 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const
 #pragma GCC unroll 4
     for (size_t p = 0; p < P; p++) {
       __m512 q0, q1;
-      qk512_qb4w_widen_f32(wk + s * group_size * 16 + p * panel_bytes, table, &q0, &q1);
+      widen_low_and_bytes(wk + s * group_size * 16 + p * panel_bytes, table, &q0, &q1);
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
         const __m512 xv = qk512_broadcast(&ar[i][k + s * group_size]);
@@ -71,6 +83,11 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t P, const size_t GS, con
     for (size_t u = 0; u < 4; u++)
       qb4w_step(MR, P, GS, wk + u * 16, panel_bytes, group_size, ar, k + u, table, ps);
   }
+  /* the high nibbles' p from the bytes' sums */
+  const __m512 sixteenth = _mm512_set1_ps(0.0625f);
+  for (size_t i = 0; i < MR; i++)
+    for (size_t v = 1; v < 2 * P * GS; v += 2)
+      ps[i][v] = _mm512_mul_ps(_mm512_sub_ps(ps[i][v], ps[i][v - 1]), sixteenth);
   qk512_qb4w_apply_groups(MR, P, GS, DT, g, p0, nc, kc, ar, sz, sz_stride, ps, acc);
 }
 

@@ -17,6 +17,7 @@
 #define FLUSHES QK_TRAIT_FLUSHES_SUBNORMALS
 #define SPLITS QK_TRAIT_SPLITS_X
 #define LINE_ALIGNED_X QK_TRAIT_LINE_ALIGNED_X
+#define SUMS_BYTES QK_TRAIT_SUMS_BYTES
 /* Default blockings (include/qkern/woq.h): a task of 256 rows times 256 KiB
  * of packed panels, L2-sized; the K-block kernels pack 2048 rows at once
  * and walk K in blocks of 1024 over chunks of 8 panels (256 KiB of int8,
@@ -50,7 +51,7 @@ const qk_woq_kernel qk_woq_kernels[] = {
      PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x32c2__ref},
     {"f32_gemm_4x1c0__ref", QK_WOQ_UNPACKED, QK_ISA_REF, 4, 1, 0, ALL, INT8, 0, "vfmadd231ps ymm",
      PANELS_BLOCKING, .fn = qk_woq_f32_gemm_ukernel_4x1c0__ref},
-    {"f32_qb4w_gemm_4x32c1__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 32, 1, ALL, INT4, 0,
+    {"f32_qb4w_gemm_4x32c1__ref", QK_WOQ_PANELS, QK_ISA_REF, 4, 32, 1, ALL, INT4, SUMS_BYTES,
      "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__ref,
      .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_4x32c1__ref},
 #ifdef QKERN_HAVE_AVX2
@@ -69,7 +70,7 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_gemv_8x1c0__avx2", QK_WOQ_UNPACKED, QK_ISA_AVX2, 8, 1, 0, ALL, INT8, LINE_ALIGNED_X,
      "vfmadd231ps ymm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_8x1c0__avx2,
      .convert_x = qk_woq_convert_x__avx2},
-    {"f32_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
+    {"f32_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, SUMS_BYTES,
      "vfmadd231ps ymm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_6x32c1__avx2},
     {"f32dq_qb4w_gemm_6x32c1__avx2", QK_WOQ_PANELS, QK_ISA_AVX2, 6, 32, 1, ALL, INT4, 0,
@@ -94,7 +95,7 @@ const qk_woq_kernel qk_woq_kernels[] = {
     {"f32_gemv_8x1c0__avx512", QK_WOQ_UNPACKED, QK_ISA_AVX512, 8, 1, 0, ALL, INT8, LINE_ALIGNED_X,
      "vfmadd231ps zmm", PANELS_BLOCKING, .fn = qk_woq_f32_gemv_ukernel_8x1c0__avx512,
      .convert_x = qk_woq_convert_x__avx2},
-    {"f32_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, 0,
+    {"f32_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, SUMS_BYTES,
      "vfmadd231ps zmm", PANELS_BLOCKING, .convert_x = qk_woq_convert_x__avx2,
      .int4_fn = qk_woq_f32_qb4w_gemm_ukernel_8x32c1__avx512},
     {"f32dq_qb4w_gemm_8x32c1__avx512", QK_WOQ_PANELS, QK_ISA_AVX512, 8, 32, 1, ALL, INT4, 0,

@@ -255,6 +255,7 @@ def test_cli_info_lists_every_kernel():
         assert row[1:4] == [k.isa, k.kind, f"{k.mr}x{k.nr}x{k.kr}"], row
         assert k.bound_by in " ".join(row) and row[-1] == ("yes" if k.available else "no"), row
         assert ("flushes-subnormals" in " ".join(row)) == k.flushes_subnormals, row
+        assert ("sums-bytes" in " ".join(row)) == k.sums_bytes, row
 
 
 def test_minof_script_times_each_row_and_thread_count(capsys):

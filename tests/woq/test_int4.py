@@ -22,8 +22,10 @@ from reference import (
     DTYPES,
     assert_int4_close,
     int4_bound,
+    int4_byte_sums_model,
     int4_dequantize,
     int4_dequantized_model,
+    int4_reference,
 )
 
 DTYPE_IDS = [d.name for d in DTYPES]
@@ -140,7 +142,7 @@ def test_kernel_is_within_the_bound(kern, dtype):
                                    bias=m % 2 == 1)
             assert_int4_close(_run_kernel(kern, x, q, sz, group_size, b), x, q, sz, group_size, b,
                               daz=kern.flushes_subnormals, planes=kern.planes(dtype),
-                              dequantized=kern.dequantizes)
+                              dequantized=kern.dequantizes, byte_sums=kern.sums_bytes)
 
 
 def test_the_bound_can_fail():
@@ -150,12 +152,12 @@ def test_the_bound_can_fail():
     rng = np.random.default_rng(1)
     x, q, sz, b = _problem(rng, 3, 40, 64, 32, np.float32)
     y = qkern.Int4Linear(qkern.pack_int4(q), 32, sz, b)(x)
-    assert_int4_close(y, x, q, sz, 32, b)
-    assert (int4_bound(x, q, sz, 32, b, np.float32) < 1e-3).all()
+    assert_int4_close(y, x, q, sz, 32, b, byte_sums=True)
+    assert (int4_bound(x, q, sz, 32, b, np.float32, byte_sums=True) < 1e-3).all()
     assert (int4_bound(x, q, sz, 32, b, np.float32, dequantized=True) < 1e-2).all()
     y[1, 7] += 1e-3
     with pytest.raises(AssertionError, match="outside the bound"):
-        assert_int4_close(y, x, q, sz, 32, b)
+        assert_int4_close(y, x, q, sz, 32, b, byte_sums=True)
     y[1, 7] += 1e-2  # and the bound of a kernel on dequantized weights
     with pytest.raises(AssertionError, match="outside the bound"):
         assert_int4_close(y, x, q, sz, 32, b, dequantized=True)
@@ -180,6 +182,48 @@ def test_a_dequantizing_kernel_gives_the_bits_of_its_order(kern, dtype):
         for rows in range(1, kern.mr + 2):
             y = _run_kernel(kern, x[:rows], q, sz, 32, b)
             assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (n, rows)
+
+
+@pytest.mark.parametrize("kern", [p for p in INT4_KERNELS if p.values[0].sums_bytes])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_a_byte_summing_kernel_gives_the_bits_of_its_order(kern, dtype):
+    """f32_qb4w bit for bit against its order in exact rationals
+    (tests/reference.py), the high nibbles from byte sums: 1, 2, MR and
+    MR + 1 rows; N = 50, a last panel whose high nibbles (columns 48, 49)
+    pair with columns 32, 33; x spread over 2**+-4; with and without
+    bias."""
+    rng = np.random.default_rng(29)
+    for with_bias in (False, True):
+        x, q, sz, b = _problem(rng, kern.mr + 1, 50, 64, 32, dtype, bias=with_bias)
+        x = (x.astype(np.float32) * 2.0 ** rng.integers(-4, 5, x.shape)).astype(dtype)
+        want = int4_byte_sums_model(x, q, sz, 32, b)  # row by row
+        for rows in (1, 2, kern.mr, kern.mr + 1):
+            y = _run_kernel(kern, x[:rows], q, sz, 32, b)
+            assert np.array_equal(y.view(np.uint8), want[:rows].view(np.uint8)), (rows, with_bias)
+
+
+def test_the_byte_sums_need_their_term_of_the_bound():
+    """Control for byte_sums: high nibbles of 0 but at k = 0 (x_0 in
+    0.1 .. 0.9) against low nibbles of 15, x of about 1e3 elsewhere, give
+    f32_qb4w results whose error (the byte chain's roundings, which the low
+    nibbles' chain does not cancel once k = 0 set them apart by 16 x_0, no
+    multiple of their spacing) the bound without the q'/8 term would not
+    admit: there T is |x_0| alone.  The bound with it does."""
+    rng = np.random.default_rng(31)
+    k, n = 256, 32
+    q = np.zeros((n, k), np.uint8)
+    q[:16] = 15  # the low nibbles; the high nibbles (columns 16..31) 0 ...
+    q[16:, 0] = 1  # ... but at k = 0
+    sz = np.zeros((k // 256, n, 2), np.float32)
+    sz[..., 0] = 1.0
+    sz[..., 1] = 8.0  # z' = 0: T is the products' part alone
+    kern = qkern.dispatch.get_kernel(REFERENCE)
+    x = rng.standard_normal((64, k)).astype(np.float32) * np.float32(1e3)
+    x[:, 0] = rng.uniform(0.1, 0.9, len(x))
+    y = _run_kernel(kern, x, q, sz, 256, None)
+    assert_int4_close(y, x, q, sz, 256, byte_sums=True)
+    err = np.abs(y.astype(np.float64) - int4_reference(x, q, sz, 256))[:, 16:]
+    assert (err > int4_bound(x, q, sz, 256, None, np.float32)[:, 16:]).any()
 
 
 def test_the_static_choice_either_side_of_the_dequantized_edge():
@@ -454,4 +498,5 @@ def test_the_bound_covers_roundings_in_the_subnormal_range():
         y = _run_kernel(kern, x, q, sz, 32, None)
         assert y[0, 0] == (0 if kern.flushes_subnormals else 8 * tiny), (kern.name, y[0, 0] / tiny)
         assert_int4_close(y, x, q, sz, 32, dequantized=kern.dequantizes,
-                          daz=kern.flushes_subnormals, planes=kern.planes(np.float32))
+                          daz=kern.flushes_subnormals, planes=kern.planes(np.float32),
+                          byte_sums=kern.sums_bytes)
