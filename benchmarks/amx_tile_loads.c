@@ -8,7 +8,10 @@
  * vpermw (port 5), or the widening of one 32-k chunk of int8 weights to
  * bf16 as the AMX kernels widen it (qk512_widen_group, src/woq/io-avx512.h,
  * from and to L1).  Work that shares no resource with the tile unit runs
- * in the step's shadow.  Build and run on a CPU with AMX:
+ * in the step's shadow.  Last, ns per tdpbf16ps by the rows of its A (and
+ * C) tiles, 1 to 16: four independent products a loop, and one chain into
+ * one C tile, tiles in registers (what a call with M below 16 pays).
+ * Build and run on a CPU with AMX:
  *
  *   cc -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512bw -mavx512vl -Iinclude -Isrc/woq \
  *       benchmarks/amx_tile_loads.c src/cpu/cpu_detect.c -o amx_tile_loads && ./amx_tile_loads
@@ -120,6 +123,38 @@ static double run_beside(enum beside work, int tiles, const char* a, const char*
   return t / (double)steps * 1e9;
 }
 
+/* Nanoseconds per tdpbf16ps with A and C tiles of `rows` rows: four into
+ * the four C tiles (chain 0) or all into C00 (chain 1), `steps` times. */
+static double run_rows(int rows, int chain, long steps) {
+  uint8_t cfg_rows[8];
+  for (int t = 0; t < 8; t++) cfg_rows[t] = (uint8_t)rows;
+  cfg_rows[QK_TILE_B0] = cfg_rows[QK_TILE_B1] = 16;
+  qk_tile_config_load(cfg_rows);
+  _tile_zero(QK_TILE_A0);
+  _tile_zero(QK_TILE_A1);
+  _tile_zero(QK_TILE_B0);
+  _tile_zero(QK_TILE_B1);
+  _tile_zero(QK_TILE_C00);
+  _tile_zero(QK_TILE_C01);
+  _tile_zero(QK_TILE_C10);
+  _tile_zero(QK_TILE_C11);
+  const double t0 = seconds();
+  for (long s = 0; s < steps; s++)
+    if (chain) {
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B0);
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B1);
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B0);
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B1);
+    } else {
+      _tile_dpbf16ps(QK_TILE_C00, QK_TILE_A0, QK_TILE_B0);
+      _tile_dpbf16ps(QK_TILE_C01, QK_TILE_A0, QK_TILE_B1);
+      _tile_dpbf16ps(QK_TILE_C10, QK_TILE_A1, QK_TILE_B0);
+      _tile_dpbf16ps(QK_TILE_C11, QK_TILE_A1, QK_TILE_B1);
+    }
+  _tile_release();
+  return (seconds() - t0) / (4.0 * (double)steps) * 1e9;
+}
+
 int main(void) {
   qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
   qk_cpu_detect(&cpu);
@@ -168,6 +203,17 @@ int main(void) {
       step = t_step < step ? t_step : step;
     }
     printf("%-14s %9.1f %12.1f %12.1f\n", work_names[work], alone, both, step);
+  }
+  printf("\n%6s %16s %12s\n", "A rows", "independent ns", "chain ns");
+  for (int rows = 1; rows <= 16; rows *= 2) {
+    double independent = 1e30, chain = 1e30;
+    for (int r = 0; r < 5; r++) {
+      const double t_independent = run_rows(rows, 0, STEPS / 5);
+      const double t_chain = run_rows(rows, 1, STEPS / 5);
+      independent = t_independent < independent ? t_independent : independent;
+      chain = t_chain < chain ? t_chain : chain;
+    }
+    printf("%6d %16.2f %12.2f\n", rows, independent, chain);
   }
   free(dst);
   free(a);

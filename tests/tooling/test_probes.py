@@ -58,7 +58,7 @@ def test_the_header_command_builds_it(name, tmp_path):
     assert _build(name, tmp_path).exists()
 
 
-def test_amx_tile_loads_prints_both_tables(tmp_path):
+def test_amx_tile_loads_prints_its_three_tables(tmp_path):
     out = _run("amx_tile_loads", tmp_path)
     loads = re.findall(r"^\s*(\d+)\s+(\d+) (tileloadd|tileloaddt1)\s+(\d+)\s+(\d+)$", out, re.M)
     assert len(loads) == 10, out
@@ -67,6 +67,9 @@ def test_amx_tile_loads_prints_both_tables(tmp_path):
                         r"\s+(\d+\.\d)$", out, re.M)
     assert [row[0] for row in beside] == ["nothing", "32 vpsrad", "32 vpermw", "widen a chunk"]
     assert all(float(x) > 0 for row in beside for x in row[1:]), out
+    by_rows = re.findall(r"^\s*(\d+)\s+(\d+\.\d\d)\s+(\d+\.\d\d)$", out, re.M)
+    assert [int(row[0]) for row in by_rows] == [1, 2, 4, 8, 16], out
+    assert all(float(x) > 0 for row in by_rows for x in row[1:]), out
 
 
 def test_port_mix_prints_a_clock_and_every_mix(tmp_path):
