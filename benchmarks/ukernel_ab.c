@@ -143,6 +143,22 @@ static void* buffer(size_t bytes) {
   return p;
 }
 
+#ifdef AB_INT4
+/* `copies` copies of int4 scales and zeros in dt for groups x nc columns,
+ * *copy_bytes apart (small s and z of both signs). */
+static char* scales_and_zeros(size_t groups, size_t nc, qk_dtype dt, size_t copies,
+                              size_t* copy_bytes) {
+  const size_t bytes = groups * nc * 2 * qk_dtype_size(dt);
+  *copy_bytes = copy_stride(bytes, copies);
+  char* sz = buffer(copies * *copy_bytes);
+  for (size_t i = 0; i < groups * nc * 2; i++)
+    qk_store_from_f32(sz, i, dt,
+                      i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
+  replicate(sz, bytes, *copy_bytes, copies);
+  return sz;
+}
+#endif
+
 #ifdef AB_KBLOCK
 #define AB_K_BLOCK 1024 /* the driver's default */
 
@@ -220,16 +236,12 @@ int main(int argc, char** argv) {
     rows[i] = r;
   }
   const size_t copies = weight_copies(), w_bytes = panels * kc * 16;
-  const size_t sz_bytes = kc / group * nc * 2 * qk_dtype_size(dt);
-  const size_t w_stride = copy_stride(w_bytes, copies), sz_copy = copy_stride(sz_bytes, copies);
+  const size_t w_stride = copy_stride(w_bytes, copies);
   uint8_t* w = buffer(copies * w_stride);
   for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
-  char* sz = buffer(copies * sz_copy);
-  for (size_t i = 0; i < kc / group * nc * 2; i++)
-    qk_store_from_f32(sz, i, dt,
-                      i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
   replicate(w, w_bytes, w_stride, copies);
-  replicate(sz, sz_bytes, sz_copy, copies);
+  size_t sz_copy;
+  const char* sz = scales_and_zeros(kc / group, nc, dt, copies, &sz_copy);
 #define AB_CALL(FN, C, COPY)                                                    \
   FN(mr, nc, kc, group, rows, dt, w + (COPY) * w_stride, sz + (COPY) * sz_copy, \
      nc * 2 * qk_dtype_size(dt), NULL, C, (ptrdiff_t)(nc * qk_dtype_size(dt)))
@@ -292,13 +304,9 @@ int main(int argc, char** argv) {
       qk_store_from_f32(w, i, QK_BF16, (float)((i * 37 + (i >> 7)) % 16));
   else
     for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(i * 37 + (i >> 7));
-  const size_t sz_bytes = k / group * nc * 2 * qk_dtype_size(dt);
-  const size_t sz_copy = copy_stride(sz_bytes, copies);
-  char* sz = buffer(copies * sz_copy);
-  for (size_t i = 0; i < k / group * nc * 2; i++)
-    qk_store_from_f32(sz, i, dt,
-                      i % 2 ? (float)((int)(i % 7) - 3) / 64.0f : (float)(1 + i % 5) / 64.0f);
-  replicate(sz, sz_bytes, sz_copy, copies);
+  replicate(w, w_bytes, w_stride, copies);
+  size_t sz_copy;
+  const char* sz = scales_and_zeros(k / group, nc, dt, copies, &sz_copy);
 #define AB_CALL(FN, C, COPY) walk(FN, &o, w + (COPY) * w_stride, sz + (COPY) * sz_copy, C)
 #else
   o.wide = buffer(panels * (AB_K_BLOCK / 2 / 16) * 2048);
@@ -306,9 +314,7 @@ int main(int argc, char** argv) {
   for (size_t n = 0; n < nc; n++) o.scale[n] = (float)(1 + n % 5) / 64.0f;
   int8_t* w = buffer(copies * w_stride);
   for (size_t i = 0; i < w_bytes; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
-#endif
   replicate(w, w_bytes, w_stride, copies);
-#ifndef AB_INT4
 #define AB_CALL(FN, C, COPY) walk(FN, &o, w + (COPY) * w_stride, C)
 #endif
   const size_t y_bytes = m * nc * qk_dtype_size(dt);

@@ -274,28 +274,30 @@ def int4_byte_sums_model(x, q, sz, group_size, bias=None):
             acc = _round_f32(xk * int(v) + acc)
         return acc
 
+    groups = [slice(g * group_size, (g + 1) * group_size) for g in range(k // group_size)]
     y = np.empty((x.shape[0], n), np.float32)
     for i, row in enumerate(x.astype(np.float32)):
         xr = [Fraction(float(v)) for v in row]
-        for j in range(n):
-            acc = Fraction(0)
-            for g in range(k // group_size):
-                ks = slice(g * group_size, (g + 1) * group_size)
+        xs = [Fraction(0)] * len(groups)  # each group's chain of adds, once per row
+        for g, ks in enumerate(groups):
+            for xk in xr[ks]:
+                xs[g] = _round_f32(xs[g] + xk)
+        acc = [Fraction(0)] * n
+        for g, ks in enumerate(groups):
+            p = [None] * n  # a high nibble's column j reuses column j - 16's p
+            for j in range(n):
                 if j % 32 < 16:
-                    p = chain(xr[ks], q[j, ks])
+                    p[j] = chain(xr[ks], q[j, ks])
                 else:
-                    low = q[j - 16, ks].astype(np.int64)
-                    p = _round_f32(_round_f32(chain(xr[ks], 16 * q[j, ks].astype(np.int64) + low)
-                                              - chain(xr[ks], low)) / 16)
-                xs = Fraction(0)
-                for xk in xr[ks]:
-                    xs = _round_f32(xs + xk)
+                    byte = 16 * q[j, ks].astype(np.int64) + q[j - 16, ks]
+                    p[j] = _round_f32(_round_f32(chain(xr[ks], byte) - p[j - 16]) / 16)
                 sj, zj = Fraction(float(s[g, j])), Fraction(float(z[g, j]))
-                acc = _round_f32(p * sj + acc)
-                acc = _round_f32(xs * _round_f32(-8 * sj + zj) + acc)
+                acc[j] = _round_f32(p[j] * sj + acc[j])
+                acc[j] = _round_f32(xs[g] * _round_f32(-8 * sj + zj) + acc[j])
+        for j in range(n):
             if bias is not None:
-                acc = _round_f32(acc + Fraction(float(np.float32(bias[j]))))
-            y[i, j] = np.float32(float(acc))
+                acc[j] = _round_f32(acc[j] + Fraction(float(np.float32(bias[j]))))
+            y[i, j] = np.float32(float(acc[j]))
     return y.astype(x.dtype)
 
 

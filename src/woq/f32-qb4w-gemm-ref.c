@@ -25,7 +25,7 @@ static float group_sum(const uint8_t* panel, size_t j, const float* x, size_t k0
   for (size_t k = k0; k < k1; k++) {
     const uint8_t byte = panel[k * 16 + j % 16];
     low = fmaf(x[k], (float)(byte & 15u), low);
-    bytes = fmaf(x[k], (float)byte, bytes);
+    if (j >= 16) bytes = fmaf(x[k], (float)byte, bytes);
   }
   return j < 16 ? low : (bytes - low) * 0.0625f;
 }
