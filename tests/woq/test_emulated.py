@@ -26,6 +26,14 @@ from qkern.dispatch import INT4
 from reference import assert_int4_close, assert_woq_close, int4_dequantized_model
 from ukernel_tester import packed_panels
 
+# The emulated library is not capped by QKERN_ISA, and the native kernels
+# checked here are those of the CPU's level and below: make test runs this
+# module once, in its uncapped pass (and make sanitize in its pass at the
+# CPU's level, under ASan).
+pytestmark = pytest.mark.skipif(
+    qkern.dispatch.ISA_CAP != qkern.dispatch.CPU_ISA,
+    reason="the emulated kernels are not capped by QKERN_ISA; the uncapped pass runs them")
+
 # the int4 kernels called directly on packed panels; a kernel on
 # dequantized panels runs through the driver (below)
 EMULATED = [k for k in emu.emulated_kernels(INT4) if not k.dequantizes]
