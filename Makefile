@@ -1,8 +1,9 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make bench   build qkern in .venv and run the benchmark
 #   make test    build, build the docs (warnings are errors), run the
-#                reliability checks below, then the test suite capped at
-#                each ISA level below this CPU's, check qkern without PyTorch, then the whole suite
+#                reliability checks below (valgrind and fuzz side by side),
+#                then the test suite capped at each ISA level below this
+#                CPU's, check qkern without PyTorch, then the whole suite
 #                uncapped with the doctests (GPU-marked tests skip, with
 #                the reason, on machines without one)
 # The reliability checks (docs/reliability.rst), also runnable alone:
@@ -59,7 +60,10 @@ lint: $(VENV)/.deps
 # QKERN_REQUIRE_CUDNN=1: the descriptor-finalization tests fail, not skip,
 # when the cuDNN wheel is missing.
 test: export QKERN_REQUIRE_CUDNN = 1
-test: lint docs sanitize valgrind fuzz
+# valgrind runs on one core and fuzz for a fixed time: they share the two
+# (-o build: both need the build that sanitize's prerequisite made).
+test: lint docs sanitize
+	$(MAKE) -j2 --output-sync=target -o build valgrind fuzz
 	@set -e; for isa in $(CAPPED_ISAS); do \
 	  echo "=== QKERN_ISA=$$isa"; \
 	  QKERN_ISA=$$isa $(PY) $(PYTEST) tests; \
