@@ -27,8 +27,11 @@
  * Loops: group by group, and within a group panel by panel, so that the
  * group's A tiles (group_size / 32 chunks of 1 to 3 planes, 2 KiB each)
  * are read from L1 by every panel after the first.  Per group and panel:
- * C = 0; chunk by chunk, B built, then plane by plane tdpbf16ps of A and
- * B into C; C stored to a buffer; then, for rows < mr and columns < nc,
+ * C = 0; chunk by chunk, plane by plane tdpbf16ps of A and B into C, the
+ * next chunk's B built and loaded behind them (the next panel's first B
+ * before C leaves the tiles, so that its load and widening overlap the
+ * wait for the last products); C stored to a buffer, each C tile zeroed
+ * as soon as it is stored; then, for rows < mr and columns < nc,
  * acc = fma(p, s, acc), acc = fma(xs, z', acc) with z' = fma(-8, s, z)
  * (qk512_qb4w_params16: nothing read beyond column nc).  acc starts at 0
  * in the first block and carries the sums from block to block; the last
@@ -66,6 +69,22 @@ QK_INLINE void apply_group(const qk_dtype DT, size_t mr, size_t nc, size_t col0,
   }
 }
 
+/* Loads the B tiles of chunk ch of the group and panel whose first k-row
+ * is at wg: straight from a widened panel (PREWIDENED), else widened first
+ * into bbuf. */
+QK_INLINE void load_b(const int PREWIDENED, const uint8_t* wg, size_t ch, char* bbuf) {
+  const char* b = (const char*)wg + 2048 * ch;
+  if (!PREWIDENED) {
+    qk512_qb4w_widen_rows(wg + 512 * ch, 16, bbuf);
+    QK_MEMORY_BARRIER();
+    b = bbuf;
+  }
+  QK_ASAN_CHECK(b, 2048, 0);
+  _tile_loadd(QK_TILE_B0, b, 128);
+  _tile_loadd(QK_TILE_B1, b + 64, 128);
+  QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
+}
+
 /* PREWIDENED: w holds widened panels (64 bytes per k), read straight into
  * the B tiles; else packed int4 panels (16 bytes per k), widened here. */
 QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
@@ -83,37 +102,38 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
     for (size_t i = 0; i < mr; i++) memset(acc + i * ld, 0, ld * sizeof(float));
 
   qk_tile_config_32x32(mr);
-  for (size_t g = 0; g < groups; g++) {
-    for (size_t pn = 0; pn < panels; pn++) {
-      const uint8_t* wg = w + pn * w_panel_stride + g * group_size * (PREWIDENED ? 64 : 16);
-      _tile_zero(QK_TILE_C00);
-      _tile_zero(QK_TILE_C01);
-      _tile_zero(QK_TILE_C10);
-      _tile_zero(QK_TILE_C11);
-      for (size_t ch = 0; ch < chunks; ch++) {
-        const char* b = (const char*)wg + 2048 * ch;
-        if (!PREWIDENED) {
-          qk512_qb4w_widen_rows(wg + 512 * ch, 16, bbuf);
-          QK_MEMORY_BARRIER();
-          b = bbuf;
-        }
-        QK_ASAN_CHECK(b, 2048, 0);
-        _tile_loadd(QK_TILE_B0, b, 128);
-        _tile_loadd(QK_TILE_B1, b + 64, 128);
-        QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
-        qk_tile_dpbf16ps_chunk(0, at + (g * chunks + ch) * planes * 2048, planes, mr);
-      }
-      _tile_stored(QK_TILE_C00, p[0], 128);
-      _tile_stored(QK_TILE_C01, p[0] + 16, 128);
-      if (two) {
-        _tile_stored(QK_TILE_C10, p[16], 128);
-        _tile_stored(QK_TILE_C11, p[16] + 16, 128);
-      }
-      QK_MEMORY_BARRIER();
-      apply_group(DT, mr, nc, 32 * pn, ld, (const float(*)[32])p, sz + g * sz_stride, xs + g,
-                  xs_stride, acc);
-      QK_MEMORY_BARRIER(); /* p is read before the next tilestored */
+  const size_t steps = groups * panels, group_bytes = group_size * (PREWIDENED ? 64 : 16);
+  if (steps) load_b(PREWIDENED, w, 0, bbuf);
+  _tile_zero(QK_TILE_C00);
+  _tile_zero(QK_TILE_C01);
+  _tile_zero(QK_TILE_C10);
+  _tile_zero(QK_TILE_C11);
+  for (size_t step = 0; step < steps; step++) { /* (group, panel) pairs, group-major */
+    const size_t g = step / panels, pn = step % panels;
+    const uint8_t* wg = w + pn * w_panel_stride + g * group_bytes;
+    for (size_t ch = 0; ch < chunks; ch++) {
+      qk_tile_dpbf16ps_chunk(0, at + (g * chunks + ch) * planes * 2048, planes, mr);
+      if (ch + 1 < chunks)
+        load_b(PREWIDENED, wg, ch + 1, bbuf);
+      else if (step + 1 < steps)
+        load_b(PREWIDENED,
+               w + (step + 1) % panels * w_panel_stride + (step + 1) / panels * group_bytes, 0,
+               bbuf);
     }
+    _tile_stored(QK_TILE_C00, p[0], 128);
+    _tile_zero(QK_TILE_C00);
+    _tile_stored(QK_TILE_C01, p[0] + 16, 128);
+    _tile_zero(QK_TILE_C01);
+    if (two) {
+      _tile_stored(QK_TILE_C10, p[16], 128);
+      _tile_zero(QK_TILE_C10);
+      _tile_stored(QK_TILE_C11, p[16] + 16, 128);
+      _tile_zero(QK_TILE_C11);
+    }
+    QK_MEMORY_BARRIER();
+    apply_group(DT, mr, nc, 32 * pn, ld, (const float(*)[32])p, sz + g * sz_stride, xs + g,
+                xs_stride, acc);
+    QK_MEMORY_BARRIER(); /* p is read before the next tilestored */
   }
   _tile_release();
   QK_MEMORY_BARRIER();
