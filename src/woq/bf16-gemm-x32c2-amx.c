@@ -31,6 +31,10 @@
  * once per call from L2, are loaded with the non-temporal hint
  * (tileloaddt1) so that they do not evict the sub-block of A from L1, and
  * each sub-block prefetches the next one's A into L2 a few lines per step.
+ * Each chunk's B tiles are built and loaded right behind the previous
+ * chunk's products, a panel's first ones before the previous panel's C
+ * tiles are parked, so that their widening and loads overlap the wait for
+ * the last products.
  *
  * tdpbf16ps accumulates in f32, like vdpbf16ps treating bf16 subnormal inputs
  * as zero and flushing subnormal results (DAZ/FTZ), in its own summation
@@ -71,6 +75,28 @@ QK_INLINE void prefetch_next_a(const char* next, size_t lines, size_t mr, size_t
     if (l % 32 < mr) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
 }
 
+/* Loads the B tiles of chunk ch of panel pn: from the widened panel
+ * (WIDENED, with the non-temporal hint: read once per 32-row step, from
+ * L2, they do not evict the sub-block of A from L1), else widened first
+ * from the packed panel into widen_to (the block's widened panels, kept
+ * for the next row steps) or bbuf. */
+QK_INLINE void load_b(const int WIDENED, const int8_t* w, size_t w_panel_stride, char* widen_to,
+                      size_t chunks, size_t groups, size_t pn, size_t ch, char* bbuf) {
+  const int8_t* wp = w + pn * w_panel_stride;
+  if (WIDENED) {
+    QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
+    _tile_stream_loadd(QK_TILE_B0, wp + 2048 * ch, 128);
+    _tile_stream_loadd(QK_TILE_B1, wp + 2048 * ch + 64, 128);
+    return;
+  }
+  char* b = widen_to ? widen_to + pn * 2048 * chunks + 2048 * ch : bbuf;
+  widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, b);
+  QK_MEMORY_BARRIER();
+  _tile_loadd(QK_TILE_B0, b, 128);
+  _tile_loadd(QK_TILE_B1, b + 64, 128);
+  QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
+}
+
 /* PREWIDENED and no widen_to: w holds widened panels (include/qkern/woq.h),
  * read straight into the B tiles; else packed int8 panels, widened here
  * chunk by chunk, into widen_to (the block's widened panels, kept for the
@@ -89,6 +115,7 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
   const size_t panels = (nc + 31) / 32, ld = 32 * panels; /* acc: rows ld floats apart */
 
   qk_tile_config_32x32(mr);
+  if (chunks) load_b(widened, w, w_panel_stride, widen_to, chunks, groups, 0, 0, bbuf);
   /* Sub-blocks in order, each over every panel; with kc = 0 one empty
    * sub-block stores the zeroed tiles. */
   for (size_t c0 = 0; c0 == 0 || c0 < chunks; c0 += sub) {
@@ -96,7 +123,6 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
     const size_t steps = panels * (c_end - c0);
     const size_t next_lines = (chunks - c_end < sub ? chunks - c_end : sub) * planes * 32;
     for (size_t pn = 0; pn < panels; pn++) {
-      const int8_t* wp = w + pn * w_panel_stride;
       float* cp = acc + 32 * pn;
       if (first && c0 == 0) {
         _tile_zero(QK_TILE_C00);
@@ -114,21 +140,15 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
       for (size_t ch = c0; ch < c_end; ch++) {
         prefetch_next_a(at + c_end * planes * 2048, next_lines, mr, pn * (c_end - c0) + ch - c0,
                         steps);
-        if (widened) {
-          /* read once per 32-row step, from L2: the non-temporal hint keeps
-           * them from evicting the sub-block of A from L1 */
-          QK_ASAN_CHECK(wp + 2048 * ch, 2048, 0);
-          _tile_stream_loadd(QK_TILE_B0, wp + 2048 * ch, 128);
-          _tile_stream_loadd(QK_TILE_B1, wp + 2048 * ch + 64, 128);
-        } else {
-          char* b = widen_to ? widen_to + pn * 2048 * chunks + 2048 * ch : bbuf;
-          widen_b(wp + 1024 * ch, groups - 16 * ch < 16 ? groups - 16 * ch : 16, b);
-          QK_MEMORY_BARRIER();
-          _tile_loadd(QK_TILE_B0, b, 128);
-          _tile_loadd(QK_TILE_B1, b + 64, 128);
-          QK_MEMORY_BARRIER(); /* the next chunk's stores stay after these loads */
-        }
         qk_tile_dpbf16ps_chunk(0, at + ch * planes * 2048, planes, mr);
+        /* the next chunk's B, the next panel's (or sub-block's) first one
+         * loaded before these C tiles are parked */
+        if (ch + 1 < c_end)
+          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, pn, ch + 1, bbuf);
+        else if (pn + 1 < panels)
+          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, pn + 1, c0, bbuf);
+        else if (c_end < chunks)
+          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, 0, c_end, bbuf);
       }
       QK_ASAN_CHECK(cp, 4 * (ld * (mr - 1) + 32), 1);
       _tile_stored(QK_TILE_C00, cp, 4 * ld);
