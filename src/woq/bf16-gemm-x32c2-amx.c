@@ -143,12 +143,11 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
         qk_tile_dpbf16ps_chunk(0, at + ch * planes * 2048, planes, mr);
         /* the next chunk's B, the next panel's (or sub-block's) first one
          * loaded before these C tiles are parked */
-        if (ch + 1 < c_end)
-          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, pn, ch + 1, bbuf);
-        else if (pn + 1 < panels)
-          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, pn + 1, c0, bbuf);
-        else if (c_end < chunks)
-          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, 0, c_end, bbuf);
+        const int panel_ends = ch + 1 == c_end, more_panels = pn + 1 < panels;
+        const size_t next_pn = !panel_ends ? pn : more_panels ? pn + 1 : 0;
+        const size_t next_ch = !panel_ends ? ch + 1 : more_panels ? c0 : c_end;
+        if (next_ch < chunks)
+          load_b(widened, w, w_panel_stride, widen_to, chunks, groups, next_pn, next_ch, bbuf);
       }
       QK_ASAN_CHECK(cp, 4 * (ld * (mr - 1) + 32), 1);
       _tile_stored(QK_TILE_C00, cp, 4 * ld);

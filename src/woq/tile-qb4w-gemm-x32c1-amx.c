@@ -69,6 +69,13 @@ QK_INLINE void apply_group(const qk_dtype DT, size_t mr, size_t nc, size_t col0,
   }
 }
 
+/* The first k-row of the group and panel of step `step` (group-major:
+ * group step / panels, panel step % panels) in w, group_bytes per group. */
+QK_INLINE const uint8_t* step_weights(const uint8_t* w, size_t step, size_t panels,
+                                      size_t w_panel_stride, size_t group_bytes) {
+  return w + step % panels * w_panel_stride + step / panels * group_bytes;
+}
+
 /* Loads the B tiles of chunk ch of the group and panel whose first k-row
  * is at wg: straight from a widened panel (PREWIDENED), else widened first
  * into bbuf. */
@@ -110,15 +117,15 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
   _tile_zero(QK_TILE_C11);
   for (size_t step = 0; step < steps; step++) { /* (group, panel) pairs, group-major */
     const size_t g = step / panels, pn = step % panels;
-    const uint8_t* wg = w + pn * w_panel_stride + g * group_bytes;
+    const uint8_t* wg = step_weights(w, step, panels, w_panel_stride, group_bytes);
+    const uint8_t* next =
+        step + 1 < steps ? step_weights(w, step + 1, panels, w_panel_stride, group_bytes) : NULL;
     for (size_t ch = 0; ch < chunks; ch++) {
       qk_tile_dpbf16ps_chunk(0, at + (g * chunks + ch) * planes * 2048, planes, mr);
       if (ch + 1 < chunks)
         load_b(PREWIDENED, wg, ch + 1, bbuf);
-      else if (step + 1 < steps)
-        load_b(PREWIDENED,
-               w + (step + 1) % panels * w_panel_stride + (step + 1) / panels * group_bytes, 0,
-               bbuf);
+      else if (next)
+        load_b(PREWIDENED, next, 0, bbuf);
     }
     _tile_stored(QK_TILE_C00, p[0], 128);
     _tile_zero(QK_TILE_C00);
