@@ -14,7 +14,8 @@
  *
  * int8: qk_woq_ukernel_fn on packed panels of layout (NR, KR) (KR = 0:
  * the row-major weight), rows of x in XDT (f32 for a kernel that converts
- * x: the driver hands it f32 rows), y in DT.  int4: qk_woq_int4_ukernel_fn
+ * x: the driver hands it f32 rows; xt: one group of packed x^T in the bf16
+ * planes of DT, for an AMX kernel on the unpacked weight), y in DT.  int4: qk_woq_int4_ukernel_fn
  * on packed int4 panels, f32 rows of x with their group sums, scales and
  * zeros and y in DT.  kblock: a qk_woq_kblock_fn (AMX) walked as the driver
  * walks one chunk of NC columns (a multiple of 32): K in blocks of 1024,
@@ -36,6 +37,8 @@
  * copies, in the same order for both kernels.  C copies of a weight larger
  * than the last-level cache over C give the kernel cold weights, as a
  * layer of a model meets them (e.g. NC = KC = 4096, C = 8 on a 32 MiB L3).
+ * With AB_W_OFFSET=B (0 to 63; int8 with KR = 0 only) the row-major weight
+ * starts B bytes past a 64-byte line, as a caller's array may.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -321,6 +324,10 @@ int main(int argc, char** argv) {
 #else
   size_t sizes[5];
   qk_dtype dts[2];
+  /* XDT xt: a[0] is one group of packed x^T in DT's bf16 planes (the
+   * kernels on the unpacked weight with pack_x) */
+  const int packed_xt = argc > 8 && !strcmp(argv[7], "xt");
+  if (packed_xt) argv[7] = argv[8];
   const size_t rounds =
       read_args(argc, argv, "int8", "NR KR MR NC KC XDT DT [ROUNDS]", 5, sizes, 2, dts);
   const size_t nr = sizes[0], kr = sizes[1], mr = sizes[2], nc = sizes[3], kc = sizes[4];
@@ -329,17 +336,40 @@ int main(int argc, char** argv) {
     fprintf(stderr, "ukernel_ab: expected NR >= 1, 1 <= MR <= 32, NC, ROUNDS >= 1\n");
     return 2;
   }
-  char* x = buffer(mr * kc * qk_dtype_size(xdt));
   const void* rows[32];
-  for (size_t i = 0; i < mr; i++) {
-    for (size_t k = 0; k < kc; k++)
-      qk_store_from_f32(x, i * kc + k, xdt, (float)((int)((i * kc + k) * 7 % 13) - 6) / 8.0f);
-    rows[i] = x + i * kc * qk_dtype_size(xdt);
+  if (packed_xt) {       /* one group of packed x^T, small bf16 values in each plane */
+    qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
+    qk_cpu_detect(&cpu);
+    if (!cpu.amx_bf16) {
+      fprintf(stderr, "ukernel_ab: xt is for AMX kernels: no AMX-BF16 here, or no tile state\n");
+      return 2;
+    }
+    const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
+    const size_t words = (kc + 31) / 32 * planes * 1024;
+    uint16_t* xt = buffer(words * 2);
+    for (size_t i = 0; i < words; i++)
+      xt[i] = (uint16_t)(0x3e00 + (i * 7 % 13) * 16 + (i % 3 ? 0x8000 : 0));
+    rows[0] = xt;
+  } else {
+    char* x = buffer(mr * kc * qk_dtype_size(xdt));
+    for (size_t i = 0; i < mr; i++) {
+      for (size_t k = 0; k < kc; k++)
+        qk_store_from_f32(x, i * kc + k, xdt, (float)((int)((i * kc + k) * 7 % 13) - 6) / 8.0f);
+      rows[i] = x + i * kc * qk_dtype_size(xdt);
+    }
   }
   const size_t cols = (nc + nr - 1) / nr * nr, depth = kr ? (kc + kr - 1) / kr * kr : kc;
   const size_t copies = weight_copies(), w_bytes = cols * depth;
   const size_t w_stride = copy_stride(w_bytes, copies);
-  int8_t* w = buffer(copies * w_stride);
+  /* AB_W_OFFSET=B (0..63): the weight starts B bytes past a 64-byte line,
+   * as a caller's row-major array may (KR = 0) */
+  const char* offset = getenv("AB_W_OFFSET");
+  const size_t w_offset = offset ? strtoul(offset, NULL, 10) : 0;
+  if (w_offset > 63 || (w_offset && kr)) {
+    fprintf(stderr, "ukernel_ab: AB_W_OFFSET must be 0..63, and only with KR = 0\n");
+    return 2;
+  }
+  int8_t* w = (int8_t*)buffer(copies * w_stride + 64) + w_offset;
   for (size_t i = 0; i < w_bytes; i++) w[i] = (int8_t)(i * 37 + (i >> 7));
   replicate(w, w_bytes, w_stride, copies);
   float* scale = buffer((cols + 32) * 4);

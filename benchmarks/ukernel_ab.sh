@@ -15,9 +15,11 @@
 # median per call, the ratio b / a and whether both wrote the same bits.
 # The CPU must run FILE's ISA; MR must not exceed the kernel's (the 8 of
 # ..._8x32c1__...), and XDT is the dtype the kernel reads x in (f32 where
-# the driver converts x for it, else DT).  AB_COPIES=C in the environment:
-# the calls read C copies of the weight in turn, cold weights when they
-# exceed the last-level cache (e.g. NC = KC = 4096, C = 8 on a 32 MiB L3).
+# the driver converts x for it, xt where it packs x transposed, else DT).
+# AB_COPIES=C in the environment: the calls read C copies of the weight in
+# turn, cold weights when they exceed the last-level cache (e.g. NC = KC =
+# 4096, C = 8 on a 32 MiB L3).  AB_W_OFFSET=B (0..63, KR = 0): the
+# row-major weight starts B bytes past a 64-byte line.
 # kblock: an AMX K-block kernel walked over one chunk of NC columns as the
 # driver walks it, M rows (WIDENS 1: the kernel widens each K block on its
 # first row step, the bf16w kernel), e.g. 128 rows, 256 columns, K = 4096:

@@ -27,6 +27,14 @@ AMX_KERNEL = ("src/woq/bf16-gemm-x32c2-amx.c", "qk_woq_bf16w_gemm_kblock_32x32c2
 # widening on the first row step; 40 rows (a partial second row step), 64
 # columns, K = 1100 (a second, partial K block), float16 x (two planes)
 KBLOCK_ARGS = ["kblock", "1", "40", "64", "1100", "f16", "3"]
+# the row-major weight (KR = 0), 3 rows, 40 columns, K = 70
+ROW_MAJOR_KERNEL = ("src/woq/f32-gemm-ref.c", "qk_woq_f32_gemm_ukernel_4x1c0__ref")
+ROW_MAJOR_ARGS = ["int8", "1", "0", "3", "40", "70", "f32", "f32", "3"]
+# the AMX kernel on the row-major weight, over packed x^T: 20 rows (both
+# halves of its B tiles), 40 columns, K = 300 (three blocks, the last
+# partial), float16 x (two planes)
+AMX_GEMV_KERNEL = ("src/woq/bf16-gemv-x1c0-amx.c", "qk_woq_bf16_gemv_ukernel_32x1c0__amx")
+AMX_GEMV_ARGS = ["int8", "1", "0", "20", "40", "300", "xt", "f16", "3"]
 INT4_AMX_KERNEL = ("src/woq/tile-qb4w-gemm-x32c1-amx.c",
                    "qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx")
 INT4_AMXW_KERNEL = (INT4_AMX_KERNEL[0], "qk_woq_tilew_qb4w_gemm_kblock_32x32c1__amx")
@@ -54,11 +62,14 @@ def _clone(tmp_path):
     return clone
 
 
-def _run(clone, copies=None, ok=True, kernel=KERNEL, args=ARGS):
+def _run(clone, copies=None, ok=True, kernel=KERNEL, args=ARGS, offset=None):
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("AB_COPIES", None)
+    env.pop("AB_W_OFFSET", None)
     if copies is not None:
         env["AB_COPIES"] = copies
+    if offset is not None:
+        env["AB_W_OFFSET"] = offset
     out = subprocess.run(["bash", "benchmarks/ukernel_ab.sh", "HEAD", *kernel, *args], cwd=clone,
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == (0 if ok else 2), out.stderr
@@ -87,6 +98,20 @@ def test_weight_copies_in_turn_give_the_same_bits(tmp_path):
         assert "AB_COPIES must be at least 1 and at most 4096" in _run(clone, bad, ok=False), bad
 
 
+def test_a_row_major_weight_off_a_line_gives_the_same_bits(tmp_path):
+    """AB_W_OFFSET: the row-major weight (KR = 0) starts that many bytes
+    past a 64-byte line, as a caller's array may; an offset of 64 or more,
+    or one for a packed layout, is refused."""
+    clone = _clone(tmp_path)
+    for offset in ("1", "16", "63"):
+        report = _run(clone, kernel=ROW_MAJOR_KERNEL, args=ROW_MAJOR_ARGS, offset=offset)
+        assert "bits: the same" in report, offset
+    message = "AB_W_OFFSET must be 0..63, and only with KR = 0"
+    assert message in _run(clone, ok=False, kernel=ROW_MAJOR_KERNEL, args=ROW_MAJOR_ARGS,
+                           offset="64")
+    assert message in _run(clone, ok=False, offset="16")
+
+
 def test_a_changed_kernel_is_reported_different(tmp_path):
     """Control: the working tree's kernel adds the scale instead of
     multiplying by it."""
@@ -113,6 +138,16 @@ def test_kblock_walk_of_the_same_kernel_gives_the_same_bits(tmp_path, kernel, ar
     report = _run(_clone(tmp_path), copies="2", kernel=kernel, args=args)
     ratio = re.search(r"^b / a: min (\d+\.\d+)  median (\d+\.\d+)", report, re.M)
     assert ratio and all(float(r) > 0 for r in ratio.groups()), report
+    assert "alternating, 2 weight copies in turn)" in report
+    assert "bits: the same" in report
+
+
+@needs_amx
+def test_the_amx_gemv_on_packed_x_transposed_gives_the_same_bits(tmp_path):
+    """XDT xt: the AMX kernel on the row-major weight reads one group of
+    packed x^T, here with the weight 16 bytes past a line."""
+    report = _run(_clone(tmp_path), copies="2", kernel=AMX_GEMV_KERNEL, args=AMX_GEMV_ARGS,
+                  offset="16")
     assert "alternating, 2 weight copies in turn)" in report
     assert "bits: the same" in report
 
