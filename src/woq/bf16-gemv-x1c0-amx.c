@@ -14,10 +14,10 @@
  *
  *   C  tmm0..tmm3  f32, W rows 0..15 / 16..31 x rows of x 0..15 / 16..31
  *   A  tmm4, tmm5  W rows 0..15 / 16..31 x 32 k, the int8 widened to bf16
- *                  (exact: |w| <= 128) into a buffer here, a block of
- *                  CHUNKS_PER_BLOCK chunks of 32 k at a time, row by row
- *                  (two lines of each row of W in turn, and the stores
- *                  drained once per block before the tiles load)
+ *                  (exact: |w| <= 128) into one of two buffers here, in
+ *                  turn, a block of CHUNKS_PER_BLOCK chunks of 32 k at a
+ *                  time, row by row (each row's next block prefetched, its
+ *                  lines whatever the row's alignment)
  *   B  tmm6, tmm7  16 pairs of k x rows of x 0..15 / 16..31: 1 KiB each,
  *                  straight from packed x^T; each A tile serves both
  *
@@ -49,12 +49,22 @@ QK_INLINE __m512i widen_w(const int8_t* row, size_t left, __m512i idx) {
   return qk512_i8_to_bf16(tail, idx);
 }
 
-/* Chunks of 32 k widened at a time (8 KiB of A tiles), and how far ahead
- * in a row of W to prefetch: on the AMX Xeon (4096 x 4096, 8 rows, one
- * thread, weights cold) 4 chunks and 128 bytes took 1.65-1.8 ms, 8 and
- * 512 1.85-2.1, 16 and 512 2.3-2.6, 4 and 2048 2.6-2.8. */
+/* Chunks of 32 k widened at a time (8 KiB of A tiles): on the AMX Xeon
+ * (4096 x 4096, 8 rows, one thread, weights cold, each row prefetching its
+ * next block) 4 chunks took 1.65-1.8 ms, 8 1.85-2.1 and 16 2.3-2.6; a
+ * prefetch 2 KiB ahead instead of one block, 2.6-2.8. */
 #define CHUNKS_PER_BLOCK 4
-#define W_PREFETCH_BYTES 128
+#define BLOCK_BYTES (32 * CHUNKS_PER_BLOCK)
+
+/* Prefetches the lines of the block after the one at wr in its row of W:
+ * two, or three when the row is not aligned to a line (a caller's array
+ * often starts 16 bytes past one, and a line missed per block and row made
+ * a call 1.2x slower, weights cold). */
+QK_INLINE void prefetch_next_block(const int8_t* wr) {
+  for (size_t line = 0; line < BLOCK_BYTES; line += 64)
+    _mm_prefetch((const char*)wr + BLOCK_BYTES + line, _MM_HINT_T0);
+  _mm_prefetch((const char*)wr + 2 * BLOCK_BYTES - 1, _MM_HINT_T0);
+}
 
 QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, const char* xt,
                          const int8_t* w, const float* scale, const float* bias, void* c,
@@ -66,7 +76,10 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
   const __m512i down =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32(32));
-  uint16_t abuf[CHUNKS_PER_BLOCK][2][16][32] __attribute__((aligned(64)));
+  /* two buffers in turn: a block's widening need not wait for the tile
+   * loads of the block before */
+  uint16_t abufs[2][CHUNKS_PER_BLOCK][2][16][32] __attribute__((aligned(64)));
+  size_t block = 0;
   float cbuf[32][32] __attribute__((aligned(64)));
   for (size_t n0 = 0; n0 < nc; n0 += 32) {
     qk_tile_config_32x32(32); /* every tile 16 rows of 64 bytes */
@@ -76,13 +89,13 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
     _tile_zero(QK_TILE_C11);
     for (size_t c0 = 0; c0 < chunks; c0 += CHUNKS_PER_BLOCK) {
       const size_t cn = chunks - c0 < CHUNKS_PER_BLOCK ? chunks - c0 : CHUNKS_PER_BLOCK;
+      uint16_t(*abuf)[2][16][32] = abufs[block++ % 2];
       for (size_t j = 0; j < 32; j++) {
         const int8_t* wr = w + (n0 + j < nc ? n0 + j : nc - 1) * kc + 32 * c0;
         const size_t left = kc - 32 * c0; /* k of this row from wr */
         QK_ASAN_CHECK(wr, left < 32 * cn ? left : 32 * cn, 0);
+        prefetch_next_block(wr);
         for (size_t q = 0; q < cn; q++) {
-          if ((q & 1) == 0) /* a line holds two chunks */
-            _mm_prefetch((const char*)wr + 32 * q + W_PREFETCH_BYTES, _MM_HINT_T0);
           _mm512_store_si512(abuf[q][j / 16][j % 16], widen_w(wr + 32 * q, left - 32 * q, idx));
         }
       }

@@ -165,6 +165,27 @@ def test_kernel_unaligned_x_and_out(kern):
         assert np.array_equal(out.view(np.uint8), expect.view(np.uint8))
 
 
+@pytest.mark.parametrize("m", [1, 8, 32])
+def test_functional_op_reads_a_weight_off_a_line_to_the_same_bits(m):
+    """weight_int8pack_mm reads the caller's row-major array where it lies
+    (with this CPU's kernel on the unpacked weight where the rule takes one,
+    as it does at M = 1 and 8 on every level): rows starting 1, 16 or 48
+    bytes past a 64-byte line (a NumPy array of a few MiB often starts 16
+    bytes past one) give the bits of a weight on a line, K past two of the
+    AMX GEMV's 128-k blocks and into a partial one."""
+    rng = np.random.default_rng(23)
+    n, k = 70, 300
+    for dtype in DTYPES:
+        x, w, s, _ = _data(rng, m, n, k, dtype)
+        outs = []
+        for offset in (0, 1, 16, 48):
+            placed = _off_a_line((n, k), np.int8, offset)
+            placed[...] = w
+            outs.append(qkern.weight_int8pack_mm(x, placed, s).view(np.uint8))
+        for offset, y in zip((1, 16, 48), outs[1:]):
+            assert np.array_equal(y, outs[0]), (dtype, m, offset)
+
+
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_thread_count_invariant(kern):
     """Bitwise identical for 1 and 2 threads and for repeated runs."""
