@@ -65,12 +65,14 @@ UNPACKED_CALLS = _read_only({"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4}
 
 # On a CPU with AMX, the M from which the functional op takes the AMX
 # kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
-# GEMV, whose cost grows with the rows.  On the AMX Xeon (4096 x 4096, one
-# thread, weights cold, median) the two were even at M = 5 (bfloat16 1.88
-# and 1.82 ms, float32 2.24 and 2.28) and the AMX kernel ahead from 6
-# (bfloat16 1.95 against 2.07) and 7 (float32 2.33 against 2.99); float16,
-# two planes, between.
-AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 6, "float16": 7, "float32": 7})
+# GEMV, whose cost grows with the rows while the AMX kernel's hardly does.
+# On the AMX Xeon (4096 x 4096, weights cold, min of 16 calls, one / two
+# threads; the AMX kernel 1.31-1.39 / 0.72-0.74 ms in bfloat16, 1.48-1.53
+# / 0.82-0.87 in float16, 1.57-1.73 / 0.90-1.04 in float32) the GEMV took
+# 1.56 / 0.81 at M = 6 in bfloat16 and 1.61 / 0.82 at M = 7 in float16
+# (more, or as long); in float32 1.77 / 0.90 at M = 8 (less on two
+# threads) and 2.19 / 1.16 at M = 9.
+AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 6, "float16": 7, "float32": 9})
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
