@@ -146,6 +146,26 @@ static void* buffer(size_t bytes) {
   return p;
 }
 
+/* Exits unless this process runs AMX-BF16 kernels (qk_cpu_detect also asks
+ * Linux for the process's tile state); what: the mode that needs them. */
+static inline void require_amx(const char* what) {
+  qk_cpu_features cpu;
+  qk_cpu_detect(&cpu);
+  if (!cpu.amx_bf16) {
+    fprintf(stderr, "ukernel_ab: %s runs AMX kernels: no AMX-BF16 here, or no tile state\n", what);
+    exit(2);
+  }
+}
+
+/* `bytes` of packed x (or x^T) as the driver packs it, each plane holding
+ * small bf16 values of both signs. */
+static inline uint16_t* packed_bf16_x(size_t bytes) {
+  uint16_t* x = buffer(bytes);
+  for (size_t i = 0; i < bytes / 2; i++)
+    x[i] = (uint16_t)(0x3e00 + (i * 7 % 13) * 16 + (i % 3 ? 0x8000 : 0));
+  return x;
+}
+
 #ifdef AB_INT4
 /* `copies` copies of int4 scales and zeros in dt for groups x nc columns,
  * *copy_bytes apart (small s and z of both signs). */
@@ -279,22 +299,13 @@ int main(int argc, char** argv) {
   }
   const char* kind = "kblock";
 #endif
-  qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
-  qk_cpu_detect(&cpu);
-  if (!cpu.amx_bf16) {
-    fprintf(stderr, "ukernel_ab: %s runs AMX kernels: no AMX-BF16 here, or no tile state\n", kind);
-    return 2;
-  }
+  require_amx(kind);
   const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1, panels = nc / 32;
   /* int4: 16 bytes per k and panel packed, 64 widened; int8: 32 per k */
   const size_t panel_bytes = group ? k * (widens ? 64 : 16) : 32 * (k + k % 2);
   kblock_walk o = {m, nc, k, 0, planes * 2048, panel_bytes, group, (int)widens, dt};
   o.x_group = (k + 31) / 32 * o.x_chunk;
-  /* packed x as the driver packs it, each plane holding small bf16 values */
-  uint16_t* x = buffer((m + 31) / 32 * o.x_group);
-  for (size_t i = 0; i < (m + 31) / 32 * o.x_group / 2; i++)
-    x[i] = (uint16_t)(0x3e00 + (i * 7 % 13) * 16 + (i % 3 ? 0x8000 : 0));
-  o.x = (const char*)x;
+  o.x = (const char*)packed_bf16_x((m + 31) / 32 * o.x_group);
   o.acc = buffer((m + 31) / 32 * 32 * nc * sizeof(float));
   const size_t copies = weight_copies(), w_bytes = panels * o.panel_bytes;
   const size_t w_stride = copy_stride(w_bytes, copies);
@@ -337,19 +348,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const void* rows[32];
-  if (packed_xt) {       /* one group of packed x^T, small bf16 values in each plane */
-    qk_cpu_features cpu; /* which also asks Linux for this process's tile state */
-    qk_cpu_detect(&cpu);
-    if (!cpu.amx_bf16) {
-      fprintf(stderr, "ukernel_ab: xt is for AMX kernels: no AMX-BF16 here, or no tile state\n");
-      return 2;
-    }
+  if (packed_xt) { /* one group of packed x^T */
+    require_amx("xt");
     const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
-    const size_t words = (kc + 31) / 32 * planes * 1024;
-    uint16_t* xt = buffer(words * 2);
-    for (size_t i = 0; i < words; i++)
-      xt[i] = (uint16_t)(0x3e00 + (i * 7 % 13) * 16 + (i % 3 ? 0x8000 : 0));
-    rows[0] = xt;
+    rows[0] = packed_bf16_x((kc + 31) / 32 * planes * 2048);
   } else {
     char* x = buffer(mr * kc * qk_dtype_size(xdt));
     for (size_t i = 0; i < mr; i++) {

@@ -72,6 +72,12 @@ QK_INLINE void prefetch_next_block(const int8_t* wr) {
   _mm_prefetch((const char*)wr + 2 * BLOCK_BYTES - 1, _MM_HINT_T0);
 }
 
+/* The chunks of 32 k in block b of `chunks`. */
+QK_INLINE size_t block_chunks(size_t chunks, size_t b) {
+  const size_t c0 = b * CHUNKS_PER_BLOCK;
+  return chunks - c0 < CHUNKS_PER_BLOCK ? chunks - c0 : CHUNKS_PER_BLOCK;
+}
+
 /* Row j of the 32 rows of W from n0 (the last row of W past nc), block b
  * (chunks 4b .. of 32 k, cn of them), widened into abuf. */
 QK_INLINE void widen_row(const int8_t* w, size_t nc, size_t kc, size_t n0, size_t j, size_t b,
@@ -110,15 +116,10 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
     _tile_zero(QK_TILE_C10);
     _tile_zero(QK_TILE_C11);
     for (size_t j = 0; j < 32 && blocks; j++)
-      widen_row(w, nc, kc, n0, j, 0, chunks < CHUNKS_PER_BLOCK ? chunks : CHUNKS_PER_BLOCK, idx,
-                abufs[0]);
+      widen_row(w, nc, kc, n0, j, 0, block_chunks(chunks, 0), idx, abufs[0]);
     for (size_t b = 0; b < blocks; b++) {
-      const size_t c0 = b * CHUNKS_PER_BLOCK;
-      const size_t cn = chunks - c0 < CHUNKS_PER_BLOCK ? chunks - c0 : CHUNKS_PER_BLOCK;
-      const size_t next_cn =
-          b + 1 < blocks
-              ? (chunks - c0 - cn < CHUNKS_PER_BLOCK ? chunks - c0 - cn : CHUNKS_PER_BLOCK)
-              : 0;
+      const size_t c0 = b * CHUNKS_PER_BLOCK, cn = block_chunks(chunks, b);
+      const size_t next_cn = b + 1 < blocks ? block_chunks(chunks, b + 1) : 0;
       uint16_t(*abuf)[2][16][32] = abufs[b % 2];
       QK_MEMORY_BARRIER(); /* block b's stores stay before its tile loads */
       /* half of block b's tile steps after each 16 rows of block b + 1's
