@@ -65,15 +65,14 @@ UNPACKED_CALLS = _read_only({"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4}
 
 # On a CPU with AMX, the M from which the functional op takes the AMX
 # kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
-# GEMV, whose cost grows with the rows while the AMX kernel's hardly does
-# (up to 8 rows of float16 and 10 of float32 it stacks their planes in
-# one B tile).  On the AMX Xeon (4096 x 4096, weights cold, min of 16
-# calls, one / two threads) the AMX kernel took 1.55-1.57 / 0.82-0.85 ms
-# in bfloat16 at M = 4-5 against the GEMV's 1.56 / 0.77 at 4 and 1.87 /
-# 0.94 at 5; float16 1.49 / 0.78 and 1.52 / 0.81 against 1.44 / 0.74 and
-# 1.82 / 0.93; float32 1.44 / 0.77 and 1.43 / 0.76 against 1.34 / 0.68
-# and 1.52 / 0.78.
-AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 5, "float16": 5, "float32": 5})
+# GEMV, whose cost grows with the rows while the AMX kernel's hardly does.
+# On the AMX Xeon (4096 x 4096, weights cold, min of 16 calls, one / two
+# threads; the AMX kernel 1.31-1.39 / 0.72-0.74 ms in bfloat16, 1.48-1.53
+# / 0.82-0.87 in float16, 1.57-1.73 / 0.90-1.04 in float32) the GEMV took
+# 1.56 / 0.81 at M = 6 in bfloat16 and 1.61 / 0.82 at M = 7 in float16
+# (more, or as long); in float32 1.77 / 0.90 at M = 8 (less on two
+# threads) and 2.19 / 1.16 at M = 9.
+AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 6, "float16": 7, "float32": 9})
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
