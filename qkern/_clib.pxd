@@ -57,7 +57,7 @@ cdef extern from "qkern/woq.h":
                                        Py_ssize_t) noexcept nogil
 
     ctypedef void (*qk_woq_widen_fn)(const int8_t*, size_t, size_t, void*) noexcept nogil
-    ctypedef void (*qk_woq_pack_x_fn)(const void*, qk_dtype, size_t, size_t, size_t, void*,
+    ctypedef void (*qk_woq_pack_x_fn)(const void*, qk_dtype, size_t, size_t, void*,
                                      size_t) noexcept nogil
     ctypedef void (*qk_woq_convert_x_fn)(const void*, qk_dtype, size_t, float*) noexcept nogil
     ctypedef void (*qk_woq_int4_ukernel_fn)(size_t, size_t, size_t, size_t, const float* const*,

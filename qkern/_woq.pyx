@@ -336,7 +336,7 @@ def ukernel(size_t index, size_t mr, size_t nc, size_t kc, cnp.ndarray x, int dt
             raise MemoryError()
         group = packed_x + (64 - <size_t>packed_x % 64) % 64
         for i in range(mr):
-            kern.pack_x(rows[i], <qk_dtype>dtype, kc, i, mr, group, chunk)
+            kern.pack_x(rows[i], <qk_dtype>dtype, kc, i, group, chunk)
         rows[0] = group
     cdef void* cp = cnp.PyArray_DATA(c)
     cdef qk_fpenv saved

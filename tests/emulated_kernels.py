@@ -81,8 +81,8 @@ _INT4_KBLOCK_ARGS = [ctypes.c_size_t] * 4 + [ctypes.c_void_p, ctypes.c_void_p, c
                                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                              ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                              ctypes.c_void_p, ctypes.c_ssize_t]
-_PACK_X_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
-                ctypes.c_void_p, ctypes.c_size_t]
+_PACK_X_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p,
+                ctypes.c_size_t]
 _WIDEN_ARGS = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
 
 
@@ -229,8 +229,7 @@ def ukernel_call(kern):
             chunk = kern.planes(name) * 2048
             packed_x = aligned_empty(-(-kc // 32) * chunk)
             for i in range(mr):
-                getattr(library(), PACK_XT)(rows[i], dtype, kc, i, mr, packed_x.ctypes.data,
-                                            chunk)
+                getattr(library(), PACK_XT)(rows[i], dtype, kc, i, packed_x.ctypes.data, chunk)
             rows[0] = packed_x.ctypes.data
         fn(mr, nc, kc, rows, dtype, panels.ctypes.data, scale.ctypes.data,
            bias.ctypes.data if bias is not None else None, c.ctypes.data, c_stride)
@@ -276,7 +275,7 @@ def kblock_run(fn, kern, x, dtype, panels, nc, c, k_block, scale=None, bias=None
     chunk = planes * 2048
     packed_x = aligned_empty(-(-k // 32) * chunk)
     for i in range(mr):
-        getattr(lib, PACK_X)(x[i].ctypes.data, code, k, i, mr, packed_x.ctypes.data, chunk)
+        getattr(lib, PACK_X)(x[i].ctypes.data, code, k, i, packed_x.ctypes.data, chunk)
     n_panels = -(-nc // 32)
     acc = aligned_empty(4 * mr * n_panels * 32).view(np.float32)
     acc[:] = np.nan  # the first block must not read it

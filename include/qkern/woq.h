@@ -61,21 +61,16 @@
  *
  * Packed x^T (for an unpacked-weight kernel with a pack_x function: MR =
  * 32): the same groups, chunks, planes and sizes, each 2 KiB of a chunk
- * and plane holding AMX B tiles instead, x transposed by pairs of k, its
- * 32 columns the group's rows:
+ * and plane holding AMX B tiles instead, x transposed by pairs of k:
  *
- *   for h in 0 .. 1:                       columns 16h .. 16h+15
+ *   for h in 0 .. 1:                       rows 16h .. 16h+15
  *     for r in 0 .. 15:                    pair of k: 32c + 2r, 32c + 2r + 1
- *       for j in 0 .. 15:                  column 16h + j
- *         2 bf16: x[i, 32c+2r], x[i, 32c+2r+1] of the row and plane there
+ *       for i in 0 .. 15:                  row 16h + i of the group
+ *         2 bf16: plane p of x[16h+i, 32c+2r], x[16h+i, 32c+2r+1]
  *
- *   Column i holds row i of plane p in the 2 KiB at (c * P + p) * 2048;
- *   but where that takes fewer B tiles (qk_woq_xt_stacked: P > 1 and the
- *   group's rows times P at most 16 (P - 1), up to 8 rows of f16 and 10 of
- *   f32), the planes are stacked in the chunk's first 2 KiB, column
- *   i * P + p holding row i of plane p.  The B tile of columns 0..15
- *   (16..31) is 1 KiB contiguous at the 2 KiB's start (+ 1024).  Columns
- *   past the group's are not written and never read into a result.
+ *   so the B tile of rows 0..15 (16..31) of chunk c, plane p, is 1 KiB
+ *   contiguous at (c * P + p) * 2048 (+ 1024).  Pairs of rows past the last
+ *   row of x are not written and never read into a result.
  */
 #ifndef QKERN_WOQ_H
 #define QKERN_WOQ_H
@@ -160,19 +155,11 @@ typedef void (*qk_woq_dequantize_fn)(const uint8_t* packed, size_t panels, size_
                                      size_t group_size, const void* sz, size_t sz_stride,
                                      qk_dtype dt, size_t nc, float* out);
 
-/* Whether packed x^T stacks the `planes` planes of a group of `rows` rows
- * in one 2 KiB per chunk (layout above): when that needs fewer B tiles
- * than one set per plane. */
-static inline int qk_woq_xt_stacked(size_t rows, size_t planes) {
-  return planes > 1 && rows * planes <= 16 * (planes - 1);
-}
-
-/* Packs one row of kc activations, row i of the `rows` (1..32) of the
- * group at group, into packed x or packed x^T (layouts above, the
- * kernel's; rows picks packed x^T's planes stacked or not): chunks
- * chunk_stride = P * 2048 bytes apart, zeros past kc. */
-typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, size_t i, size_t rows,
-                                 void* group, size_t chunk_stride);
+/* Packs one row of kc activations, row i (0..31) of the 32-row group at
+ * group, into packed x or packed x^T (layouts above, the kernel's):
+ * chunks chunk_stride = P * 2048 bytes apart, zeros past kc. */
+typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                                 size_t chunk_stride);
 
 /* Converts one row of kc activations of dtype dt (f16 or bf16; f32 too for
  * an int4 kernel's) to f32, exactly, into out (for kernels that read x in

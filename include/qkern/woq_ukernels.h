@@ -89,10 +89,10 @@ void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t k
                                   size_t nc, float* out);
 
 /* Activation packing (qk_woq_pack_x_fn), src/woq/pack-x-<isa>.c. */
-void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, size_t rows,
-                           void* group, size_t chunk_stride);
-void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, size_t rows,
-                            void* group, size_t chunk_stride);
+void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                           size_t chunk_stride);
+void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                            size_t chunk_stride);
 
 /* Activation conversion to f32 (qk_woq_convert_x_fn), src/woq/convert-x-<isa>.c. */
 void qk_woq_convert_x__ref(const void* row, qk_dtype dt, size_t kc, float* out);

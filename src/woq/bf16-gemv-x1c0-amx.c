@@ -8,23 +8,19 @@
  * the group of mr <= 32 rows of x the driver packed transposed
  * (qk_woq_pack_xt__avx512, "Packed x^T" in include/qkern/woq.h): bf16 as
  * is, f16 and f32 split into 2 or 3 bf16 planes whose sum is x exactly,
- * each plane one more tdpbf16ps per tile unless they are stacked (below).
+ * each plane one more tdpbf16ps per tile.
  *
  * It computes y^T = W x^T, 32 columns of y (rows of W) at a time:
  *
- *   C  tmm0..tmm3  f32, W rows 0..15 / 16..31 x columns 0..15 / 16..31 of B
+ *   C  tmm0..tmm3  f32, W rows 0..15 / 16..31 x rows of x 0..15 / 16..31
  *   A  tmm4, tmm5  W rows 0..15 / 16..31 x 32 k, the int8 widened to bf16
  *                  (exact: |w| <= 128) into one of two buffers here, in
  *                  turn, a block of CHUNKS_PER_BLOCK chunks of 32 k at a
  *                  time, row by row, between the tile steps of the block
  *                  before (each row's next block prefetched, its lines
  *                  whatever the row's alignment)
- *   B  tmm6, tmm7  16 pairs of k x columns 0..15 / 16..31 of packed x^T,
- *                  1 KiB each, straight from it: rows of x, or with the
- *                  planes stacked (qk_woq_xt_stacked: up to 8 rows of f16,
- *                  10 of f32) plane p of row i in column i * P + p, so
- *                  that one tdpbf16ps per tile serves every plane; each A
- *                  tile serves both
+ *   B  tmm6, tmm7  16 pairs of k x rows of x 0..15 / 16..31: 1 KiB each,
+ *                  straight from packed x^T; each A tile serves both
  *
  * so every weight is widened once per call whatever mr, and the work does
  * not grow with the rows of x: the functional op runs up to 32 rows in one
@@ -32,8 +28,7 @@
  * read as 0 (masked loads; nothing is read past a row of W).
  *
  * tdpbf16ps accumulates in f32, treating bf16 subnormal inputs as zero and
- * flushing subnormal results (DAZ/FTZ), in its own summation order; with
- * the planes stacked each plane has its sums, added in plane order.
+ * flushing subnormal results (DAZ/FTZ), in its own summation order.
  * Epilogue: scale (multiply), bias (add), one rounding to the dtype of x
  * (exact RNE, subnormals kept); only rows < mr and columns < nc are
  * written.  The tile configuration is loaded for each group of 32 columns
@@ -95,11 +90,7 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
                          const int8_t* w, const float* scale, const float* bias, void* c,
                          ptrdiff_t c_stride) {
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
-  /* the planes stacked in the B tiles' columns (packed x^T), or one B
-   * tile per plane */
-  const int stacked = qk_woq_xt_stacked(mr, planes);
-  const size_t tile_planes = stacked ? 1 : planes, columns = stacked ? mr * planes : mr;
-  const int two = columns > 16;
+  const int two = mr > 16;
   const size_t chunks = (kc + 31) / 32;
   const size_t blocks = (chunks + CHUNKS_PER_BLOCK - 1) / CHUNKS_PER_BLOCK;
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
@@ -134,7 +125,7 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
         for (size_t q = j / 16 * half; q < (j / 16 + 1) * half && q < cn; q++) {
           _tile_loadd(QK_TILE_A0, abuf[q][0], 64);
           _tile_loadd(QK_TILE_A1, abuf[q][1], 64);
-          qk_tile_dpbf16ps_chunk(1, xt + (c0 + q) * planes * 2048, tile_planes, columns);
+          qk_tile_dpbf16ps_chunk(1, xt + (c0 + q) * planes * 2048, planes, mr);
         }
         QK_MEMORY_BARRIER(); /* the stores of block b + 2 stay after these loads */
       }
@@ -154,13 +145,9 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
       const __mmask16 mask = qk512_mask(nc - col);
       const __m512 s = _mm512_maskz_loadu_ps(mask, scale + col);
       const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
-      for (size_t i = 0; i < mr; i++) {
-        /* stacked: the planes' sums of the row, added in plane order */
-        __m512 v = _mm512_i32gather_ps(down, &cbuf[16 * h][stacked ? i * planes : i], 4);
-        for (size_t p = 1; stacked && p < planes; p++)
-          v = _mm512_add_ps(v, _mm512_i32gather_ps(down, &cbuf[16 * h][i * planes + p], 4));
-        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT, v, s, b, bias != NULL, mask);
-      }
+      for (size_t i = 0; i < mr; i++)
+        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
+                       _mm512_i32gather_ps(down, &cbuf[16 * h][i], 4), s, b, bias != NULL, mask);
     }
   }
 }

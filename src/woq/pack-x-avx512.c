@@ -14,9 +14,7 @@
  * For each chunk c of 32 k and each plane p, the row's 32 values (zero past
  * kc) go to group + c * chunk_stride + p * 2048 bytes: as 64 contiguous
  * bytes at row i's 64 * i (packed x), or as 16 pairs of k, 64 bytes apart,
- * at column t's 1024 * (t / 16) + 4 * (t % 16) (packed x^T: t = i; with
- * the planes stacked, qk_woq_xt_stacked, t = i * P + p, at group + c *
- * chunk_stride).  x is not read past kc.
+ * at 1024 * (i / 16) + 4 * (i % 16) (packed x^T).  x is not read past kc.
  */
 #include <string.h>
 
@@ -61,37 +59,33 @@ QK_INLINE void chunk_planes(const void* row, qk_dtype dt, size_t k, size_t left,
   }
 }
 
-/* Packs row i of a group of `rows`, as packed x (TRANSPOSED 0) or packed
- * x^T (1). */
+/* Packs row i of a group, as packed x (TRANSPOSED 0) or packed x^T (1). */
 QK_INLINE void pack_row(const int TRANSPOSED, const void* row, qk_dtype dt, size_t kc, size_t i,
-                        size_t rows, void* group, size_t chunk_stride) {
+                        void* group, size_t chunk_stride) {
   const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
-  const int stacked = TRANSPOSED && qk_woq_xt_stacked(rows, planes);
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
-  char* o = (char*)group;
+  char* o = (char*)group + (TRANSPOSED ? 1024 * (i / 16) + 4 * (i % 16) : 64 * i);
   for (size_t k = 0; k < kc; k += 32, o += chunk_stride) {
     __m512i v[3] = {0}; /* chunk_planes writes the first `planes` (zeros: for -Wall) */
     chunk_planes(row, dt, k, kc - k, planes, idx, v);
     for (size_t p = 0; p < planes; p++) {
       if (TRANSPOSED) { /* pair r of the chunk 64 bytes after pair r - 1 */
-        const size_t t = stacked ? i * planes + p : i;
-        char* col = o + (stacked ? 0 : p * 2048) + 1024 * (t / 16) + 4 * (t % 16);
         uint32_t pairs[16];
         _mm512_storeu_si512(pairs, v[p]);
-        for (size_t r = 0; r < 16; r++) memcpy(col + 64 * r, &pairs[r], 4);
+        for (size_t r = 0; r < 16; r++) memcpy(o + p * 2048 + 64 * r, &pairs[r], 4);
       } else {
-        _mm512_storeu_si512(o + p * 2048 + 64 * i, v[p]);
+        _mm512_storeu_si512(o + p * 2048, v[p]);
       }
     }
   }
 }
 
-void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, size_t rows,
-                           void* group, size_t chunk_stride) {
-  pack_row(0, row, dt, kc, i, rows, group, chunk_stride);
+void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                           size_t chunk_stride) {
+  pack_row(0, row, dt, kc, i, group, chunk_stride);
 }
 
-void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, size_t rows,
-                            void* group, size_t chunk_stride) {
-  pack_row(1, row, dt, kc, i, rows, group, chunk_stride);
+void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                            size_t chunk_stride) {
+  pack_row(1, row, dt, kc, i, group, chunk_stride);
 }

@@ -427,9 +427,8 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
 #pragma omp for schedule(static)
         for (size_t r = m0; r < m_end; r++) {
           const char* row = x_row(x, x_stride, x_offsets, r);
-          const size_t g0 = m0 + (r - m0) / 32 * 32; /* the row's group of 32 */
-          kern->pack_x(row, dt, k, r - g0, m_end - g0 < 32 ? m_end - g0 : 32,
-                       x_block + (g0 - m0) / 32 * p->x_group_bytes, packed_x_chunk_size(dt));
+          kern->pack_x(row, dt, k, (r - m0) % 32, x_block + (r - m0) / 32 * p->x_group_bytes,
+                       packed_x_chunk_size(dt));
           if (summing) {
             kern->convert_x(row, dt, k, (float*)xf.data);
             qk_woq_group_sums((const float*)xf.data, k, p->group_size,

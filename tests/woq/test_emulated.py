@@ -345,37 +345,6 @@ def test_emulated_amx_kernel_through_the_driver(library, kern):
             assert status == 1 and np.isnan(y.astype(np.float64)).all()
 
 
-ON_PACKED_XT = [k for k in emu.emulated_kernels(qkern.dispatch.INT8)
-                if k.kind == "unpacked" and k.packs_x]
-
-
-@pytest.mark.parametrize("kern", ON_PACKED_XT, ids=lambda k: k.name)
-def test_emulated_gemv_on_packed_xt_is_within_the_bound_at_every_row_count(library, kern):
-    """The AMX kernel on the row-major weight, called on each count of
-    rows of its group, 1 to 32 (float16 and float32 x with the planes
-    stacked in the B tiles' columns up to 8 and 10 rows: one tile to 16
-    columns, both above; then a B tile per plane), on 40 columns (a
-    partial group of 32 rows of W) and K = 300 (two blocks of 128 k and a
-    partial one) or 24 (where the bound misses no plane): within the bound
-    of tests/reference.py, nothing written outside its rows and columns."""
-    rng = np.random.default_rng(31)
-    n = 40
-    call = emu.ukernel_call(kern)
-    for dtype, k in itertools.product(DTYPES, (300, 24)):
-        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
-        scale = rng.uniform(1e-3, 2e-2, n).astype(np.float32)
-        bias = rng.standard_normal(n).astype(np.float32)
-        for mr in range(1, kern.mr + 1):
-            x = (rng.standard_normal((mr, k)) * 4).astype(dtype)
-            big = np.full((mr + 2, n + 5), np.nan, dtype)
-            c = big[1:1 + mr, 2:2 + n]
-            call(mr, n, k, x, dtype_code(dtype), w, scale, bias, c, c.strides[0])
-            outside = big.astype(np.float64)
-            outside[1:1 + mr, 2:2 + n] = np.nan
-            assert np.isnan(outside).all(), (np.dtype(dtype).name, mr)
-            assert_woq_close(c, x, w, scale, bias, daz=True, planes=kern.planes(dtype))
-
-
 WIDENED_PANELS = [k for k in emu.emulated_kernels(qkern.dispatch.INT8)
                   if k.kind == "panels" and k.widened]
 

@@ -186,27 +186,6 @@ def test_functional_op_reads_a_weight_off_a_line_to_the_same_bits(m):
             assert np.array_equal(y, outs[0]), (dtype, m, offset)
 
 
-@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].packs_x
-                                  and p.values[0].kind == "unpacked"])
-def test_kernel_on_packed_xt_is_within_the_bound_at_every_row_count(kern):
-    """The kernel on packed x^T at each count of rows of its group, 1 to
-    32: float16 and float32 x have their planes stacked in the B tiles'
-    columns up to 8 and 10 rows (one tile to 16 columns, both above), a B
-    tile per plane beyond; every row within the bound. K = 300
-    spans two of its 128-k blocks and a partial one; at K = 24 the bound is
-    tight enough to miss no plane (float32's third, at most 2^-15 of x,
-    weighs more there than the rounding the bound allows for)."""
-    rng = np.random.default_rng(37)
-    n = 40
-    for dtype, k in itertools.product(DTYPES, (300, 24)):
-        x, w, s, b = _data(rng, kern.mr, n, k, dtype)
-        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
-        for m in range(1, kern.mr + 1):
-            y = _run_poisoned(layer, x[:m], n)
-            assert_woq_close(y, x[:m], w, s, b, daz=kern.flushes_subnormals,
-                             planes=kern.planes(dtype))
-
-
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_thread_count_invariant(kern):
     """Bitwise identical for 1 and 2 threads and for repeated runs."""
