@@ -6,21 +6,21 @@
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, unpacked.
  * x in f32, rows on 64-byte lines (the driver converts f16 and bf16 rows
  * once per row block, convert_x, and copies f32 ones when a row is off a
- * line: QK_TRAIT_LINE_ALIGNED_X).  For each of up to 6 rows of x and C columns at a time
- * (C = 4 for 1-2 rows, 3 for 3-4, 2 for 5-6: at most 12 sums in the 16
- * ymm registers, and each row of x, which no longer fits L1 from 3 rows,
- * read once per C columns), 8-wide fp32 FMA partial sums along k (int8
- * widened in-register, each x vector loaded once a step and shared by the
- * columns), a horizontal sum at the end (lanes 0..7 added pairwise, in one
- * fixed order), then scale (multiply), bias (add) and one rounding to the
- * output dtype.  7-8 rows run as 4 rows, then the rest: with fewer columns
- * a step, the rows of x would stream from L2 at a vector per FMA.  The
- * K tail (K mod 8) goes through zero-padded copies: nothing is read past a
- * row of x or w.  Each of the C rows of w is prefetched into L2
- * QK_GEMV_L2_PREFETCH_BYTES ahead and into L1 two groups of C rows ahead.
- * The body is specialised for each mr (1..8), so fewer rows cost fewer
- * FMAs; the columns per step change no sum, so every mr gives a row the
- * same bits.
+ * line: QK_TRAIT_LINE_ALIGNED_X).  For each of up to 6 rows of x and C
+ * columns at a time (C = 4 for 1-2 rows, 3 for 3-4, 2 for 5-6: at most
+ * 12 sums in the 16 ymm registers, and each row of x, which no longer
+ * fits L1 from 3 rows, read once per C columns), 8-wide fp32 FMA partial
+ * sums along k (int8 widened in-register, each x vector loaded once a
+ * step and shared by the columns), a horizontal sum at the end (lanes
+ * 0..7 added pairwise, in one fixed order), then scale (multiply), bias
+ * (add) and one rounding to the output dtype.  7-8 rows run as 4 rows,
+ * then the rest: with fewer columns a step, the rows of x would stream
+ * from L2 at a vector per FMA.  The K tail (K mod 8) goes through
+ * zero-padded copies: nothing is read past a row of x or w.  Each of the
+ * C rows of w is prefetched into L2 QK_GEMV_L2_PREFETCH_BYTES ahead and
+ * into L1 as far as l1_prefetch_ahead says.  The body is specialised for
+ * each mr (1..8), so fewer rows cost fewer FMAs; the columns per step
+ * change no sum, so every mr gives a row the same bits.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -40,6 +40,15 @@ QK_INLINE float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+/* How far past the line it reads a tile of C columns (C weight rows)
+ * prefetches each row into L1, in bytes.  1-4 rows (C = 3-4): the same k
+ * two tiles (2C rows) on, which also keeps DRAM busy at one row.  5-6 rows
+ * (C = 2), where the FMAs, not DRAM, set the pace: 512 bytes on in the
+ * row itself, since the next tiles' lines, fetched 1024 steps early, left
+ * L1 again under the rows of x streaming through it (on a Zen 4, 0.96-0.97
+ * of the time; at one or two rows the same change took 1.13-1.18x). */
+QK_INLINE size_t l1_prefetch_ahead(const size_t C, size_t kc) { return C == 2 ? 512 : 2 * C * kc; }
+
 /* R (<= 6) rows times C columns from n0: sums over whole steps of 8 k,
  * then the tail through zero-padded copies of the last K mod 8 values. */
 QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size_t n0, size_t nc,
@@ -51,16 +60,27 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
   for (size_t i = 0; i < R; i++)
     for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
   const size_t k_whole = kc / 8 * 8;
+  /* Rows of x through pointers that move with k (GCC otherwise addresses
+   * them with base, index and displacement) and, for 5-6 rows, each x
+   * vector held in a register (GCC folds it into both FMAs otherwise):
+   * with the L1 prefetch in the row, 5-6 rows took 0.88 of the time with
+   * the weight in L2 and 0.92 on cold weights, on a Zen 4; the register
+   * alone cost 1-4 rows up to 1.06 at one row, cold. */
+  const float* xp[6];
+  for (size_t i = 0; i < R; i++) xp[i] = ar[i];
+  const size_t l1_ahead = l1_prefetch_ahead(C, kc);
   for (size_t k = 0; k < k_whole; k += 8) {
-    if ((k & 63) == 0) /* the same k two groups of C rows ahead */
+    if ((k & 63) == 0)
       for (size_t j = 0; j < C; j++) {
-        _mm_prefetch((const char*)wr[j] + 2 * C * kc + k, _MM_HINT_T0);
+        _mm_prefetch((const char*)wr[j] + k + l1_ahead, _MM_HINT_T0);
         _mm_prefetch((const char*)wr[j] + k + QK_GEMV_L2_PREFETCH_BYTES, _MM_HINT_T1);
       }
     __m256 wv[4];
     for (size_t j = 0; j < C; j++) wv[j] = load_w(wr[j], k);
     for (size_t i = 0; i < R; i++) {
-      const __m256 xv = _mm256_loadu_ps(ar[i] + k);
+      __m256 xv = _mm256_loadu_ps(xp[i]);
+      xp[i] += 8;
+      if (C == 2) __asm__("" : "+x"(xv));
       for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
