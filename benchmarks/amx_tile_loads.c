@@ -94,7 +94,7 @@ static double run_beside(enum beside work, int tiles, const char* a, const char*
   const double t0 = seconds();
   for (long s = 0; s < steps; s++) {
     if (work == WIDENING) {
-      for (size_t g = 0; g < 16; g++) qk512_widen_group(2, w + 64 * g, idx, dst + 128 * g);
+      for (size_t g = 0; g < 16; g++) qk512_widen_group(2, w + 64 * g, idx, dst + 128 * g, 0);
       __asm__ volatile("" ::: "memory");
     } else if (work != NOTHING) {
       for (int i = 0; i < 8; i++) {

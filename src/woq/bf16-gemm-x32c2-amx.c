@@ -55,7 +55,7 @@
 QK_INLINE void widen_b(const int8_t* wp, size_t groups, char* dst) {
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   QK_ASAN_CHECK(dst, 2048, 1);
-  for (size_t g = 0; g < groups; g++, wp += 64, dst += 128) qk512_widen_group(2, wp, idx, dst);
+  for (size_t g = 0; g < groups; g++, wp += 64, dst += 128) qk512_widen_group(2, wp, idx, dst, 0);
   qk512_zero_lines(dst, 2 * (16 - groups));
 }
 

@@ -35,6 +35,8 @@ void qk_woq_dequant_x32c1__avx2(const uint8_t* packed, size_t panels, size_t kc,
       for (size_t v = 0; v < (high ? 4u : 2u); v++)
         qk256_qb4w_load_params(row, 32 * p + 8 * v, nc, dt, &s[v], &zp[v]);
       for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
+        if ((k & 3) == 0) /* from DRAM, no row step to hide behind: L1 and L2 ahead */
+          qk_prefetch_stream(packed + k * 16, 1);
         const uint8_t* b = packed + k * 16;
         const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b));
         const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 8)));

@@ -53,10 +53,11 @@ QK_INLINE __m512i qk512_i8_to_bf16(const int8_t* p, __m512i idx) {
 
 /* One k-group of a packed x32c2 panel, 64 int8 at src, -> its 64 values in
  * the same order at dst as values of WB bytes (2: bf16, 4: f32), exact;
- * prefetches the weight QK_PREFETCH_BYTES ahead.  idx is
+ * prefetches the weight as qk_prefetch_stream(src, l2) does.  idx is
  * _mm512_load_si512(qk512_high_halves). */
-QK_INLINE void qk512_widen_group(const size_t WB, const int8_t* src, __m512i idx, char* dst) {
-  _mm_prefetch((const char*)src + QK_PREFETCH_BYTES, _MM_HINT_T0);
+QK_INLINE void qk512_widen_group(const size_t WB, const int8_t* src, __m512i idx, char* dst,
+                                 int l2) {
+  qk_prefetch_stream(src, l2);
   if (WB == 2) {
     _mm512_storeu_si512(dst, qk512_i8_to_bf16(src, idx));
     _mm512_storeu_si512(dst + 64, qk512_i8_to_bf16(src + 32, idx));

@@ -7,7 +7,11 @@
  * columns 0..15 then 16..31, each as (k, k+1), are one 64-byte row of each
  * of the two AMX B tiles of the panel); each panel's k-groups are
  * zero-padded to a multiple of 16.  Exact: |w| <= 128 needs at most 8
- * significant bits.
+ * significant bits.  The driver widens a chunk with no row step to hide
+ * its reads behind, so each line is prefetched into L1 and L2 ahead
+ * (qk_prefetch_stream): on a Zen 4, one thread, cold weights, the layer at
+ * M = 64 in bfloat16 took 0.92-0.93 of its time with the L1 prefetch
+ * alone.
  */
 #include "io-avx512.h"
 
@@ -19,7 +23,7 @@ QK_INLINE void widen_x32c2(const size_t WB, const int8_t* packed, size_t panels,
   char* dst = (char*)out;
   for (size_t p = 0; p < panels; p++) {
     for (size_t g = 0; g < groups; g++, packed += 64, dst += 64 * WB)
-      qk512_widen_group(WB, packed, idx, dst);
+      qk512_widen_group(WB, packed, idx, dst, 1);
     qk512_zero_lines(dst, (padded - groups) * WB);
     dst += 64 * (padded - groups) * WB;
   }
