@@ -10,7 +10,9 @@
  * padded): w = fma(q, s, z'), z' = fma(-8, s, z), one rounding each
  * (compute f32dq_qb4w).  Columns at or beyond nc take s = z = 0, so w = 0,
  * and their scales are not read; a second f32 panel wholly beyond nc is
- * not written (no kernel reads it).
+ * not written (no kernel reads it).  The int4 comes from DRAM with no row
+ * step to hide the wait behind: each line is prefetched into L1 and L2
+ * ahead (qk_prefetch_stream).
  */
 #include <immintrin.h>
 
@@ -35,8 +37,7 @@ void qk_woq_dequant_x32c1__avx2(const uint8_t* packed, size_t panels, size_t kc,
       for (size_t v = 0; v < (high ? 4u : 2u); v++)
         qk256_qb4w_load_params(row, 32 * p + 8 * v, nc, dt, &s[v], &zp[v]);
       for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
-        if ((k & 3) == 0) /* from DRAM, no row step to hide behind: L1 and L2 ahead */
-          qk_prefetch_stream(packed + k * 16, 1);
+        if ((k & 3) == 0) qk_prefetch_stream(packed + k * 16, 1);
         const uint8_t* b = packed + k * 16;
         const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b));
         const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 8)));

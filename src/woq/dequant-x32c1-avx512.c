@@ -10,7 +10,9 @@
  * multiple of 32, so no k is padded): w = fma(q, s, z'), z' = fma(-8, s,
  * z), one rounding each (compute f32dq_qb4w, as the AVX2 dequantization).
  * Columns at or beyond nc take s = z = 0, so w = 0, and their scales are
- * not read.
+ * not read.  The int4 comes from DRAM with no row step to hide the wait
+ * behind: each line is prefetched into L1 and L2 ahead
+ * (qk_prefetch_stream).
  */
 #include "qb4w-avx512.h"
 #include "qkern/woq_ukernels.h"
@@ -30,8 +32,7 @@ void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t k
         qk512_qb4w_params16(row + col * pair, left < 16 ? left : 16, dt, &s[h], &zp[h]);
       }
       for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
-        if ((k & 3) == 0) /* from DRAM, no row step to hide behind: L1 and L2 ahead */
-          qk_prefetch_stream(packed + k * 16, 1);
+        if ((k & 3) == 0) qk_prefetch_stream(packed + k * 16, 1);
         __m512 q0, q1;
         qk512_qb4w_widen_f32(packed + k * 16, table, &q0, &q1);
         _mm512_storeu_ps(dst + k * 32, _mm512_fmadd_ps(q0, s[0], zp[0]));

@@ -44,8 +44,8 @@ QK_INLINE float hsum(__m256 v) {
  * prefetches each row into L1, in bytes.  1-4 rows (C = 3-4): the same k
  * two tiles (2C rows) on, which also keeps DRAM busy at one row.  5-6 rows
  * (C = 2), where the FMAs, not DRAM, set the pace: 512 bytes on in the
- * row itself, since the next tiles' lines, fetched 1024 steps early, left
- * L1 again under the rows of x streaming through it (on a Zen 4, 0.96-0.97
+ * row itself, since the next tiles' lines, fetched a tile's K / 8 steps
+ * early, left L1 again under the rows of x streaming through it (on a Zen 4, 0.96-0.97
  * of the time; at one or two rows the same change took 1.13-1.18x). */
 QK_INLINE size_t l1_prefetch_ahead(const size_t C, size_t kc) { return C == 2 ? 512 : 2 * C * kc; }
 
