@@ -45,8 +45,9 @@ QK_INLINE float hsum(__m256 v) {
  * two tiles (2C rows) on, which also keeps DRAM busy at one row.  5-6 rows
  * (C = 2), where the FMAs, not DRAM, set the pace: 512 bytes on in the
  * row itself, since the next tiles' lines, fetched a tile's K / 8 steps
- * early, left L1 again under the rows of x streaming through it (on a Zen 4, 0.96-0.97
- * of the time; at one or two rows the same change took 1.13-1.18x). */
+ * early, left L1 again under the rows of x streaming through it (on a Zen
+ * 4, 0.96-0.97 of the time; at one or two rows the same change took
+ * 1.13-1.18x). */
 QK_INLINE size_t l1_prefetch_ahead(const size_t C, size_t kc) { return C == 2 ? 512 : 2 * C * kc; }
 
 /* R (<= 6) rows times C columns from n0: sums over whole steps of 8 k,
@@ -80,7 +81,7 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
     for (size_t i = 0; i < R; i++) {
       __m256 xv = _mm256_loadu_ps(xp[i]);
       xp[i] += 8;
-      if (C == 2) __asm__("" : "+x"(xv));
+      if (C == 2) QK_IN_REGISTER(xv);
       for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }

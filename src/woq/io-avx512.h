@@ -14,11 +14,10 @@
 #include "scalar-convert.h"
 #include "ukernel-define.h"
 
-/* Keeps vector v in a register: GCC would fold a load that several FMAs
- * share into each of them, one load per FMA.  Nothing where __m512 is not
- * a native vector (the tests' emulation on AVX2). */
+/* QK_IN_REGISTER for an __m512; nothing where __m512 is not a native
+ * vector (the tests' emulation on AVX2). */
 #ifdef __AVX512F__
-#define QK512_IN_REGISTER(v) __asm__("" : "+v"(v))
+#define QK512_IN_REGISTER(v) QK_IN_REGISTER(v)
 #else
 #define QK512_IN_REGISTER(v) (void)(v)
 #endif

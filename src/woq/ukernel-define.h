@@ -14,6 +14,10 @@
 
 #define QK_INLINE static inline __attribute__((always_inline))
 
+/* Keeps native vector v (__m256, __m512) in a register: GCC would fold a
+ * load that several FMAs share into each of them, one load per FMA. */
+#define QK_IN_REGISTER(v) __asm__("" : "+v"(v))
+
 /* How far ahead of its loads a kernel streaming packed weights prefetches
  * them (bytes): measured on a Xeon with AMX, M = 1, 4096 x 4096, cold
  * weights, the 1x32c2 AVX-512 kernel went from 7 to 10.7 GB/s on one thread
