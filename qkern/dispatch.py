@@ -64,15 +64,18 @@ DEQUANTIZED_FROM_M = _read_only({"avx2": 48, "avx512": 128})
 UNPACKED_CALLS = _read_only({"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4})
 
 # On a CPU with AMX, the M from which the functional op takes the AMX
-# kernel on the unpacked weight, per dtype of x; fewer rows run the AVX-512
-# GEMV, whose cost grows with the rows while the AMX kernel's hardly does.
-# On the AMX Xeon (4096 x 4096, weights cold, min of 16 calls, one / two
-# threads; the AMX kernel 1.31-1.39 / 0.72-0.74 ms in bfloat16, 1.48-1.53
-# / 0.82-0.87 in float16, 1.57-1.73 / 0.90-1.04 in float32) the GEMV took
-# 1.56 / 0.81 at M = 6 in bfloat16 and 1.61 / 0.82 at M = 7 in float16
-# (more, or as long); in float32 1.77 / 0.90 at M = 8 (less on two
-# threads) and 2.19 / 1.16 at M = 9.
-AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 6, "float16": 7, "float32": 9})
+# kernels on the unpacked weight, per dtype of x; fewer rows run the AVX-512
+# GEMV, whose cost grows with the rows while the AMX kernels' hardly does
+# (up to 8 rows bf16_gemv_8x1c0__amx stacks the float16 and float32 planes
+# in one set of B tiles).  On the AMX Xeon (4096 x 4096, weights cold, min
+# of 16 calls, one / two threads; 2026-12-06, the stacking then chosen per
+# group of 32 rows in the 32-row kernel, which ran a call of 8 rows or
+# fewer as the 8-row kernel does) the AMX kernel took 1.55-1.57 / 0.82-0.85
+# ms in bfloat16 at M = 4-5 against the GEMV's 1.56 / 0.77 at 4 and 1.87 /
+# 0.94 at 5; float16 1.49 / 0.78 and 1.52 / 0.81 against 1.44 / 0.74 and
+# 1.82 / 0.93; float32 1.44 / 0.77 and 1.43 / 0.76 against 1.34 / 0.68 and
+# 1.52 / 0.78.
+AMX_UNPACKED_FROM_M = _read_only({"bfloat16": 5, "float16": 5, "float32": 5})
 
 # Blocking.split, in the order of qk_woq_split (include/qkern/woq.h).
 SPLITS = ("m", "n")
@@ -553,9 +556,12 @@ def choose_kernel(dtype, m: int, layout: tuple | None = None,
     With ``unpacked_ok`` (the caller holds only the row-major weight), the
     highest level's SIMD kernel on the unpacked weight (layout ``(1, 0)``;
     on a CPU with AMX, the AVX-512 level's below ``AMX_UNPACKED_FROM_M``
-    rows) wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls (four on
-    AMX, three on AVX-512, four on AVX2): packing costs a full read and
-    write of the weight, more than those passes of that kernel over it.
+    rows; of a level's, the one that takes ``m`` in the fewest calls, the
+    narrower on a tie: on AMX the 8-row kernel up to 8 rows, the 32-row
+    one above) wins when ``m`` fits in ``UNPACKED_CALLS`` of its calls
+    (four on AMX, three on AVX-512, four on AVX2): packing costs a full
+    read and write of the weight, more than those passes of that kernel
+    over it.
     Otherwise the
     highest available ISA that accepts ``dtype`` (and, when given, reads
     ``layout``; else a packed layout) wins, but for
@@ -647,11 +653,11 @@ def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpac
                 and (k.isa != "avx512_bf16"
                      or (bf16_unpacked_from_m is not None and m >= bf16_unpacked_from_m))]
     if unpacked_ok and layout is None and unpacked:
-        unpacked.sort(key=lambda k: ISA_LEVELS.index(k.isa), reverse=True)
-        kern = unpacked[0]
-        if kern.isa == "amx" and len(unpacked) > 1 and m < amx_unpacked_from_m[name]:
-            kern = unpacked[1]
-        if m <= unpacked_calls[kern.isa] * kern.mr:
+        levels = sorted({k.isa for k in unpacked}, key=ISA_LEVELS.index, reverse=True)
+        level = levels[1] if (levels[0] == "amx" and len(levels) > 1
+                              and m < amx_unpacked_from_m[name]) else levels[0]
+        kern = min((k for k in unpacked if k.isa == level), key=lambda k: (-(-m // k.mr), k.mr))
+        if m <= unpacked_calls[level] * kern.mr:
             return kern
     cands = _packed_candidates(name, layout, weight_format, registry)
     levels = sorted({ISA_LEVELS.index(k.isa) for k in cands}, reverse=True)

@@ -41,10 +41,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PRELUDES = (ROOT / "tests" / "emulation" / "avx512_on_avx2.h",
             ROOT / "tests" / "emulation" / "amx_on_avx2.h")
 EMULATED_ISAS = ("avx512", "avx512_bf16", "amx")
-# the packing of x of the kernels on packed x, and of x^T of the kernel on
-# the unpacked weight that packs x (include/qkern/woq.h)
+# the packing of x of the K-block kernels (include/qkern/woq.h); the
+# kernels on the unpacked weight that pack x^T are given theirs by their
+# registry entries (qk_test_pack_x)
 PACK_X = "qk_woq_pack_x__avx512"
-PACK_XT = "qk_woq_pack_xt__avx512"
 # an int4 kernel's bits are those of the reference of its compute (the int8
 # ones are checked against the float64 reference, tests/ukernel_tester.py):
 # f32_qb4w the portable kernel's, bf16_qb4w a scalar model of the order
@@ -195,9 +195,9 @@ def library() -> ctypes.CDLL:
         if k.widened and k.kind == "kblock":
             getattr(handle, widen_symbol(k)).argtypes = _WIDEN_ARGS
     getattr(handle, PACK_X).argtypes = _PACK_X_ARGS
-    getattr(handle, PACK_XT).argtypes = _PACK_X_ARGS
     handle.qk_test_kernel.argtypes = [ctypes.c_char_p]
     handle.qk_test_kernel.restype = ctypes.c_void_p
+    handle.qk_test_pack_x.argtypes = [ctypes.c_void_p, *_PACK_X_ARGS]
     handle.qk_woq_widened_panel_size.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     handle.qk_woq_widened_panel_size.restype = ctypes.c_size_t
     handle.qk_woq_widened_size.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
@@ -224,12 +224,13 @@ def ukernel_call(kern):
 
     def call(mr, nc, kc, x, dtype, panels, scale, bias, c, c_stride):
         rows = (ctypes.c_void_p * mr)(*(x.ctypes.data + i * x.strides[0] for i in range(mr)))
-        if kern.packs_x:  # its rows packed transposed, as the driver packs them
+        if kern.packs_x:  # its rows packed transposed by its pack_x, as the driver packs them
             name = next(n for n, code in DTYPE_CODES.items() if code == dtype)
             chunk = kern.planes(name) * 2048
             packed_x = aligned_empty(-(-kc // 32) * chunk)
+            entry = _driver_args(kern, None)[0]
             for i in range(mr):
-                getattr(library(), PACK_XT)(rows[i], dtype, kc, i, packed_x.ctypes.data, chunk)
+                library().qk_test_pack_x(entry, rows[i], dtype, kc, i, packed_x.ctypes.data, chunk)
             rows[0] = packed_x.ctypes.data
         fn(mr, nc, kc, rows, dtype, panels.ctypes.data, scale.ctypes.data,
            bias.ctypes.data if bias is not None else None, c.ctypes.data, c_stride)

@@ -59,18 +59,24 @@
  *   contiguous at (c * P + p) * 2048 (+ 1024).  Rows past the last row of x
  *   are not written and never loaded.
  *
- * Packed x^T (for an unpacked-weight kernel with a pack_x function: MR =
- * 32): the same groups, chunks, planes and sizes, each 2 KiB of a chunk
- * and plane holding AMX B tiles instead, x transposed by pairs of k:
+ * Packed x^T (for an unpacked-weight kernel with a pack_x function): the
+ * same chunks, planes and sizes, in groups of the kernel's MR (32 or 8)
+ * rows, each 2 KiB of a chunk and plane holding AMX B tiles instead, x
+ * transposed by pairs of k, the group's rows in the tiles' columns:
  *
- *   for h in 0 .. 1:                       rows 16h .. 16h+15
+ *   for h in 0 .. 1:                       columns 16h .. 16h+15
  *     for r in 0 .. 15:                    pair of k: 32c + 2r, 32c + 2r + 1
- *       for i in 0 .. 15:                  row 16h + i of the group
- *         2 bf16: plane p of x[16h+i, 32c+2r], x[16h+i, 32c+2r+1]
+ *       for j in 0 .. 15:                  column 16h + j
+ *         2 bf16: x[i, 32c+2r], x[i, 32c+2r+1] of the row i and plane there
  *
- *   so the B tile of rows 0..15 (16..31) of chunk c, plane p, is 1 KiB
- *   contiguous at (c * P + p) * 2048 (+ 1024).  Pairs of rows past the last
- *   row of x are not written and never read into a result.
+ *   so the B tile of columns 0..15 (16..31) of chunk c is 1 KiB contiguous
+ *   at the start (+ 1024) of a 2 KiB.  Plain (qk_woq_pack_xt__avx512, MR
+ *   = 32): column i holds row i of plane p in the 2 KiB at (c * P + p) *
+ *   2048.  Stacked (qk_woq_pack_xt_stacked__avx512, MR = 8): the planes
+ *   share the chunk's first 2 KiB, column i * P + p holding row i of plane
+ *   p (24 columns at most, one B tile per 16 of them rather than one per
+ *   plane); the chunk's other 2 KiB are not used.  Columns past the
+ *   group's are not written and never read into a result.
  */
 #ifndef QKERN_WOQ_H
 #define QKERN_WOQ_H
@@ -155,7 +161,7 @@ typedef void (*qk_woq_dequantize_fn)(const uint8_t* packed, size_t panels, size_
                                      size_t group_size, const void* sz, size_t sz_stride,
                                      qk_dtype dt, size_t nc, float* out);
 
-/* Packs one row of kc activations, row i (0..31) of the 32-row group at
+/* Packs one row of kc activations, row i (0..MR-1) of the MR-row group at
  * group, into packed x or packed x^T (layouts above, the kernel's):
  * chunks chunk_stride = P * 2048 bytes apart, zeros past kc. */
 typedef void (*qk_woq_pack_x_fn)(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
@@ -398,7 +404,8 @@ typedef struct qk_woq_kernel {
   qk_woq_dequantize_fn dequantize;
 } qk_woq_kernel;
 
-/* Bytes of one group of 32 rows of packed x: K values, dtype dt. */
+/* Bytes of one group of packed x or x^T (32 rows, or a kernel's MR): K
+ * values, dtype dt. */
 size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt);
 
 /* Bytes of one widened panel of kc k-values for kernel kern (with widen

@@ -41,6 +41,7 @@ QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16)
 
 QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
+QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_8x1c0__amx)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_32x1c0__amx)
 
 /* Kernels on int4 groupwise weights (qk_woq_int4_ukernel_fn); compute
@@ -93,6 +94,8 @@ void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, vo
                            size_t chunk_stride);
 void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
                             size_t chunk_stride);
+void qk_woq_pack_xt_stacked__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                                    size_t chunk_stride);
 
 /* Activation conversion to f32 (qk_woq_convert_x_fn), src/woq/convert-x-<isa>.c. */
 void qk_woq_convert_x__ref(const void* row, qk_dtype dt, size_t kc, float* out);

@@ -1,26 +1,29 @@
 /*
- * bf16-gemv-x1c0-amx.c -- WoQ GEMV micro-kernel 32x1c0 on the *unpacked*
- * weight, AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW widen the weight
- * and run the epilogue.
+ * bf16-gemv-x1c0-amx.c -- WoQ GEMV micro-kernels 32x1c0 and 8x1c0 on the
+ * *unpacked* weight, AMX-TILE + AMX-BF16 (tdpbf16ps); AVX-512 F/BW widen
+ * the weight and run the epilogue.
  *
  * Contract: qk_woq_ukernel_fn (include/qkern/woq.h) with layout nr = 1,
  * kr = 0: w is the caller's row-major (N, K) int8 matrix itself, and a[0]
- * the group of mr <= 32 rows of x the driver packed transposed
- * (qk_woq_pack_xt__avx512, "Packed x^T" in include/qkern/woq.h): bf16 as
- * is, f16 and f32 split into 2 or 3 bf16 planes whose sum is x exactly,
- * each plane one more tdpbf16ps per tile.
+ * the group of mr <= MR rows of x the driver packed transposed ("Packed
+ * x^T" in include/qkern/woq.h): bf16 as is, f16 and f32 split into 2 or 3
+ * bf16 planes whose sum is x exactly.  32x1c0 reads them plain
+ * (qk_woq_pack_xt__avx512), each plane one more tdpbf16ps per tile; 8x1c0
+ * stacked (qk_woq_pack_xt_stacked__avx512: plane p of row i in column
+ * i * P + p, at most 24 columns), so that one tdpbf16ps per tile serves
+ * every plane of a few rows.
  *
  * It computes y^T = W x^T, 32 columns of y (rows of W) at a time:
  *
- *   C  tmm0..tmm3  f32, W rows 0..15 / 16..31 x rows of x 0..15 / 16..31
+ *   C  tmm0..tmm3  f32, W rows 0..15 / 16..31 x columns 0..15 / 16..31 of B
  *   A  tmm4, tmm5  W rows 0..15 / 16..31 x 32 k, the int8 widened to bf16
  *                  (exact: |w| <= 128) into one of two buffers here, in
  *                  turn, a block of CHUNKS_PER_BLOCK chunks of 32 k at a
  *                  time, row by row, between the tile steps of the block
  *                  before (each row's next block prefetched, its lines
  *                  whatever the row's alignment)
- *   B  tmm6, tmm7  16 pairs of k x rows of x 0..15 / 16..31: 1 KiB each,
- *                  straight from packed x^T; each A tile serves both
+ *   B  tmm6, tmm7  16 pairs of k x columns 0..15 / 16..31 of packed x^T,
+ *                  1 KiB each, straight from it; each A tile serves both
  *
  * so every weight is widened once per call whatever mr, and the work does
  * not grow with the rows of x: the functional op runs up to 32 rows in one
@@ -28,7 +31,10 @@
  * read as 0 (masked loads; nothing is read past a row of W).
  *
  * tdpbf16ps accumulates in f32, treating bf16 subnormal inputs as zero and
- * flushing subnormal results (DAZ/FTZ), in its own summation order.
+ * flushing subnormal results (DAZ/FTZ), in its own summation order: 32x1c0
+ * adds each plane's products of a chunk into the row's one sum, 8x1c0
+ * keeps a sum per plane and adds them in plane order at the end.  A row's
+ * bits depend on which of the two runs it, not on the rows beside it.
  * Epilogue: scale (multiply), bias (add), one rounding to the dtype of x
  * (exact RNE, subnormals kept); only rows < mr and columns < nc are
  * written.  The tile configuration is loaded for each group of 32 columns
@@ -86,11 +92,14 @@ QK_INLINE void widen_row(const int8_t* w, size_t nc, size_t kc, size_t n0, size_
     _mm512_store_si512(abuf[q][j / 16][j % 16], widen_w(wr + 32 * q, left - 32 * q, idx));
 }
 
-QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, const char* xt,
-                         const int8_t* w, const float* scale, const float* bias, void* c,
-                         ptrdiff_t c_stride) {
+/* mr rows of x, packed x^T at xt, planes stacked (STACKED) or not. */
+QK_INLINE void gemv_body(const int STACKED, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
+                         const char* xt, const int8_t* w, const float* scale, const float* bias,
+                         void* c, ptrdiff_t c_stride) {
   const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
-  const int two = mr > 16;
+  /* B's columns, and the B tiles of one chunk that hold them */
+  const size_t columns = STACKED ? mr * planes : mr, tile_planes = STACKED ? 1 : planes;
+  const int two = columns > 16;
   const size_t chunks = (kc + 31) / 32;
   const size_t blocks = (chunks + CHUNKS_PER_BLOCK - 1) / CHUNKS_PER_BLOCK;
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
@@ -125,7 +134,7 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
         for (size_t q = j / 16 * half; q < (j / 16 + 1) * half && q < cn; q++) {
           _tile_loadd(QK_TILE_A0, abuf[q][0], 64);
           _tile_loadd(QK_TILE_A1, abuf[q][1], 64);
-          qk_tile_dpbf16ps_chunk(1, xt + (c0 + q) * planes * 2048, planes, mr);
+          qk_tile_dpbf16ps_chunk(1, xt + (c0 + q) * planes * 2048, tile_planes, columns);
         }
         QK_MEMORY_BARRIER(); /* the stores of block b + 2 stay after these loads */
       }
@@ -145,20 +154,37 @@ QK_INLINE void gemv_body(const qk_dtype DT, size_t mr, size_t nc, size_t kc, con
       const __mmask16 mask = qk512_mask(nc - col);
       const __m512 s = _mm512_maskz_loadu_ps(mask, scale + col);
       const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
-      for (size_t i = 0; i < mr; i++)
-        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT,
-                       _mm512_i32gather_ps(down, &cbuf[16 * h][i], 4), s, b, bias != NULL, mask);
+      for (size_t i = 0; i < mr; i++) {
+        /* stacked: the row's plane sums, added in plane order */
+        __m512 v = _mm512_i32gather_ps(down, &cbuf[16 * h][STACKED ? i * planes : i], 4);
+        for (size_t p = 1; STACKED && p < planes; p++)
+          v = _mm512_add_ps(v, _mm512_i32gather_ps(down, &cbuf[16 * h][i * planes + p], 4));
+        qk512_epilogue((char*)c + (ptrdiff_t)i * c_stride, col, DT, v, s, b, bias != NULL, mask);
+      }
     }
   }
+}
+
+/* The kernel body for dt, planes stacked or not. */
+QK_INLINE void gemv(const int STACKED, size_t mr, size_t nc, size_t kc, const void* const* a,
+                    qk_dtype dt, const int8_t* w, const float* scale, const float* bias, void* c,
+                    ptrdiff_t c_stride) {
+  const char* xt = (const char*)a[0];
+  switch (dt) {
+    case QK_F32: gemv_body(STACKED, QK_F32, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
+    case QK_F16: gemv_body(STACKED, QK_F16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
+    case QK_BF16: gemv_body(STACKED, QK_BF16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
+  }
+}
+
+void qk_woq_bf16_gemv_ukernel_8x1c0__amx(size_t mr, size_t nc, size_t kc, const void* const* a,
+                                         qk_dtype dt, const int8_t* w, const float* scale,
+                                         const float* bias, void* c, ptrdiff_t c_stride) {
+  gemv(1, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
 }
 
 void qk_woq_bf16_gemv_ukernel_32x1c0__amx(size_t mr, size_t nc, size_t kc, const void* const* a,
                                           qk_dtype dt, const int8_t* w, const float* scale,
                                           const float* bias, void* c, ptrdiff_t c_stride) {
-  const char* xt = (const char*)a[0];
-  switch (dt) {
-    case QK_F32: gemv_body(QK_F32, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
-    case QK_F16: gemv_body(QK_F16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
-    case QK_BF16: gemv_body(QK_BF16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
-  }
+  gemv(0, mr, nc, kc, a, dt, w, scale, bias, c, c_stride);
 }

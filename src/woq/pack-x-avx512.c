@@ -14,7 +14,9 @@
  * For each chunk c of 32 k and each plane p, the row's 32 values (zero past
  * kc) go to group + c * chunk_stride + p * 2048 bytes: as 64 contiguous
  * bytes at row i's 64 * i (packed x), or as 16 pairs of k, 64 bytes apart,
- * at 1024 * (i / 16) + 4 * (i % 16) (packed x^T).  x is not read past kc.
+ * at column t's 1024 * (t / 16) + 4 * (t % 16) (packed x^T: t = i; with
+ * the planes stacked, t = i * P + p, at group + c * chunk_stride).  x is
+ * not read past kc.
  */
 #include <string.h>
 
@@ -59,33 +61,46 @@ QK_INLINE void chunk_planes(const void* row, qk_dtype dt, size_t k, size_t left,
   }
 }
 
-/* Packs row i of a group, as packed x (TRANSPOSED 0) or packed x^T (1). */
-QK_INLINE void pack_row(const int TRANSPOSED, const void* row, qk_dtype dt, size_t kc, size_t i,
-                        void* group, size_t chunk_stride) {
+/* Where pack_row puts a row: packed x, packed x^T, or packed x^T with
+ * the planes stacked in the columns (include/qkern/woq.h). */
+typedef enum packed_layout { PACKED_X, PACKED_XT, PACKED_XT_STACKED } packed_layout;
+
+/* Packs row i of a group into LAYOUT. */
+QK_INLINE void pack_row(const packed_layout LAYOUT, const void* row, qk_dtype dt, size_t kc,
+                        size_t i, void* group, size_t chunk_stride) {
   const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
-  char* o = (char*)group + (TRANSPOSED ? 1024 * (i / 16) + 4 * (i % 16) : 64 * i);
+  char* o = (char*)group;
   for (size_t k = 0; k < kc; k += 32, o += chunk_stride) {
     __m512i v[3] = {0}; /* chunk_planes writes the first `planes` (zeros: for -Wall) */
     chunk_planes(row, dt, k, kc - k, planes, idx, v);
     for (size_t p = 0; p < planes; p++) {
-      if (TRANSPOSED) { /* pair r of the chunk 64 bytes after pair r - 1 */
-        uint32_t pairs[16];
-        _mm512_storeu_si512(pairs, v[p]);
-        for (size_t r = 0; r < 16; r++) memcpy(o + p * 2048 + 64 * r, &pairs[r], 4);
-      } else {
-        _mm512_storeu_si512(o + p * 2048, v[p]);
+      if (LAYOUT == PACKED_X) {
+        _mm512_storeu_si512(o + p * 2048 + 64 * i, v[p]);
+        continue;
       }
+      /* pair r of the chunk 64 bytes after pair r - 1, in column t */
+      const size_t t = LAYOUT == PACKED_XT_STACKED ? i * planes + p : i;
+      char* column =
+          o + (LAYOUT == PACKED_XT_STACKED ? 0 : p * 2048) + 1024 * (t / 16) + 4 * (t % 16);
+      uint32_t pairs[16];
+      _mm512_storeu_si512(pairs, v[p]);
+      for (size_t r = 0; r < 16; r++) memcpy(column + 64 * r, &pairs[r], 4);
     }
   }
 }
 
 void qk_woq_pack_x__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
                            size_t chunk_stride) {
-  pack_row(0, row, dt, kc, i, group, chunk_stride);
+  pack_row(PACKED_X, row, dt, kc, i, group, chunk_stride);
 }
 
 void qk_woq_pack_xt__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
                             size_t chunk_stride) {
-  pack_row(1, row, dt, kc, i, group, chunk_stride);
+  pack_row(PACKED_XT, row, dt, kc, i, group, chunk_stride);
+}
+
+void qk_woq_pack_xt_stacked__avx512(const void* row, qk_dtype dt, size_t kc, size_t i, void* group,
+                                    size_t chunk_stride) {
+  pack_row(PACKED_XT_STACKED, row, dt, kc, i, group, chunk_stride);
 }

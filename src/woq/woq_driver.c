@@ -66,7 +66,7 @@ size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc) {
   return bytes;
 }
 
-/* Bytes of one 32-k chunk of a 32-row group of packed x: 2 KiB per plane. */
+/* Bytes of one 32-k chunk of a group of packed x: 2 KiB per plane. */
 static size_t packed_x_chunk_size(qk_dtype dt) {
   return (dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1) * 2048;
 }
@@ -86,7 +86,7 @@ typedef struct plan {
   int widened;                               /* `packed` holds the widened copy: nothing to widen */
   size_t rows, k_block;                      /* from the blocking (qkern/woq.h) */
   size_t full_panels, full_chunks, n_chunks; /* n_chunks: + 1 for a partial panel */
-  size_t x_group_bytes;                      /* packed x: bytes per 32-row group; 0: x as is */
+  size_t x_group_bytes;                      /* packed x: bytes per group of MR rows; 0: x as is */
   qk_dtype dt;
   const int8_t* packed;     /* or the widened copy (see widened) */
   const int8_t* last_panel; /* the partial last panel, padded (see qk_woq_gemm) */
@@ -190,7 +190,7 @@ static void run_task(const plan* p, size_t nb, size_t m0, size_t m_end, const ch
   for (; m0 < m_end; m0 += p->kern->mr) {
     const size_t mr = m_end - m0 < p->kern->mr ? m_end - m0 : p->kern->mr;
     if (p->kern->pack_x)
-      rows[0] = x + (m0 - block_m0) / 32 * p->x_group_bytes;
+      rows[0] = x + (m0 - block_m0) / p->kern->mr * p->x_group_bytes;
     else
       for (size_t i = 0; i < mr; i++)
         rows[i] = xf ? (const void*)(xf->data + (m0 + i - xf->first) * p->row_bytes)
@@ -337,7 +337,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const size_t wide_stride =
       widening ? (p->panels_per_chunk * qk_woq_widened_panel_size(kern, wide_k) + 63) / 64 * 64 : 0;
   const size_t block_rows = ceil_div(m < mc ? m : mc, 32) * 32;
-  const size_t x_block_bytes = block_rows / 32 * p->x_group_bytes;
+  const size_t x_block_bytes = ceil_div(m < mc ? m : mc, kern->mr) * p->x_group_bytes;
   const size_t acc_stride = kblock ? block_rows * p->panels_per_chunk * p->nr * sizeof(float) : 0;
   /* Rows of x (x_rows): per thread a task's rows (at most mc), or all m
    * rows in one shared buffer (below); for an int4 K-block kernel one row
@@ -427,8 +427,8 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
 #pragma omp for schedule(static)
         for (size_t r = m0; r < m_end; r++) {
           const char* row = x_row(x, x_stride, x_offsets, r);
-          kern->pack_x(row, dt, k, (r - m0) % 32, x_block + (r - m0) / 32 * p->x_group_bytes,
-                       packed_x_chunk_size(dt));
+          kern->pack_x(row, dt, k, (r - m0) % kern->mr,
+                       x_block + (r - m0) / kern->mr * p->x_group_bytes, packed_x_chunk_size(dt));
           if (summing) {
             kern->convert_x(row, dt, k, (float*)xf.data);
             qk_woq_group_sums((const float*)xf.data, k, p->group_size,
@@ -465,9 +465,8 @@ static int int8_call_valid(const qk_woq_kernel* kern, const qk_woq_blocking* b, 
          kern->format == QK_WOQ_INT8_PER_CHANNEL && (kern->dtypes & (1u << dt)) &&
          (kblock ? kern->pack_x && kern->kblock && !kern->convert_x && kern->mr == 32 &&
                        kern->nr == 32 && kern->kr == 2
-                 : kern->fn != NULL &&
-                       (!kern->pack_x || (kern->kind == QK_WOQ_UNPACKED && kern->mr == 32 &&
-                                          !kern->convert_x && !kern->widen))) &&
+                 : kern->fn != NULL && (!kern->pack_x || (kern->kind == QK_WOQ_UNPACKED &&
+                                                          !kern->convert_x && !kern->widen))) &&
          (!kern->widen || kern->widened_bytes > 0) && !kern->dequantize &&
          blocking_valid(b ? b : &kern->blocking, kblock, kern->pack_x != NULL);
 }

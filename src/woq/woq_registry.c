@@ -120,6 +120,9 @@ const qk_woq_kernel qk_woq_kernels[] = {
      .int4_fn = qk_woq_bf16_qb4w_gemm_ukernel_8x32c1__avx512bf16},
 #endif
 #ifdef QKERN_HAVE_AMX
+    {"bf16_gemv_8x1c0__amx", QK_WOQ_UNPACKED, QK_ISA_AMX, 8, 1, 0, ALL, INT8, FLUSHES | SPLITS,
+     "tdpbf16ps", PANELS_BLOCKING, .fn = qk_woq_bf16_gemv_ukernel_8x1c0__amx,
+     .pack_x = qk_woq_pack_xt_stacked__avx512},
     {"bf16_gemm_32x32c2__amx", QK_WOQ_KBLOCK, QK_ISA_AMX, 32, 32, 2, ALL, INT8, FLUSHES | SPLITS,
      "tdpbf16ps", KBLOCK_BLOCKING, .pack_x = qk_woq_pack_x__avx512,
      .kblock = qk_woq_bf16_gemm_kblock_32x32c2__amx},

@@ -14,3 +14,9 @@ const qk_woq_kernel* qk_test_kernel(const char* name) {
     if (strcmp(qk_woq_kernels[i].name, name) == 0) return &qk_woq_kernels[i];
   return NULL;
 }
+
+/* Row i of a group packed by kern's own pack_x (qk_woq_pack_x_fn). */
+void qk_test_pack_x(const qk_woq_kernel* kern, const void* row, qk_dtype dt, size_t kc, size_t i,
+                    void* group, size_t chunk_stride) {
+  kern->pack_x(row, dt, kc, i, group, chunk_stride);
+}

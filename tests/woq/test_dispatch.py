@@ -293,17 +293,22 @@ def test_cpu_vendor_is_cpuids_and_sets_the_levels_passed_over():
 
 def test_functional_op_reads_the_unpacked_weight_with_the_highest_gemv(every_kernel):
     """weight_int8pack_mm's unpacked kernel is the highest level's, for up
-    to UNPACKED_CALLS of its calls (AMX: 4 x 32 rows), but below
-    AMX_UNPACKED_FROM_M rows the AVX-512 GEMV's (up to 3 x 8 rows); above
-    that the weight is packed, not read by a lower level's GEMV."""
+    to UNPACKED_CALLS of its calls (AMX: 4 x 32 rows), of that level's the
+    one taking M in the fewest calls, the narrower on a tie (AMX: the 8-row
+    kernel up to 8 rows), but below AMX_UNPACKED_FROM_M rows the AVX-512
+    GEMV's (up to 3 x 8 rows); above that the weight is packed, not read by
+    a lower level's GEMV."""
     assert dispatch.UNPACKED_CALLS == {"avx2": 4, "avx512": 3, "avx512_bf16": 3, "amx": 4}
     for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
         from_m = dispatch.AMX_UNPACKED_FROM_M[np.dtype(dtype).name]
-        assert 1 < from_m <= 24
+        assert 1 < from_m <= 8
         for m in (1, from_m - 1):
             assert dispatch.choose_kernel(dtype, m, unpacked_ok=True).name == (
                 "f32_gemv_8x1c0__avx512"), (dtype, m)
-        for m in (from_m, 32, 128):
+        for m in (from_m, 8):
+            assert dispatch.choose_kernel(dtype, m, unpacked_ok=True).name == (
+                "bf16_gemv_8x1c0__amx"), (dtype, m)
+        for m in (9, 32, 128):
             assert dispatch.choose_kernel(dtype, m, unpacked_ok=True).name == (
                 "bf16_gemv_32x1c0__amx"), (dtype, m)
         kern = dispatch.choose_kernel(dtype, 129, unpacked_ok=True)
@@ -486,13 +491,15 @@ def test_unpacked_kernel_only_where_packing_would_dominate():
         for m in (1, 2, 3, 4, 8, 9, 16, 17, 32, 33, 64, 129):
             kern = dispatch.choose_kernel(dtype, m, unpacked_ok=True)
             # the highest level's (AVX-512-BF16's where the static rule
-            # takes that level), but on AMX the next level's for few rows
-            levels = sorted((k for k in unpacked if name in k.dtypes and (
-                k.isa != "avx512_bf16" or (bf16_from is not None and m >= bf16_from))),
-                key=lambda k: qkern.ISA_LEVELS.index(k.isa), reverse=True)
-            want = levels[0] if levels else None
-            if (want is not None and want.isa == "amx" and len(levels) > 1
-                    and m < dispatch.AMX_UNPACKED_FROM_M[name]):
-                want = levels[1]
+            # takes that level), but on AMX the next level's for few rows;
+            # of the level's, the fewest calls, the narrower on a tie
+            levels = sorted({k.isa for k in unpacked if name in k.dtypes and (
+                k.isa != "avx512_bf16" or (bf16_from is not None and m >= bf16_from))},
+                key=qkern.ISA_LEVELS.index, reverse=True)
+            level = levels[0] if levels else None
+            if level == "amx" and len(levels) > 1 and m < dispatch.AMX_UNPACKED_FROM_M[name]:
+                level = levels[1]
+            want = min((k for k in unpacked if k.isa == level and name in k.dtypes),
+                       key=lambda k: (-(-m // k.mr), k.mr), default=None)
             fits = want is not None and m <= dispatch.UNPACKED_CALLS[want.isa] * want.mr
             assert (kern == want if fits else kern.kind != "unpacked"), (name, m, kern.name)

@@ -345,6 +345,88 @@ def test_emulated_amx_kernel_through_the_driver(library, kern):
             assert status == 1 and np.isnan(y.astype(np.float64)).all()
 
 
+ON_PACKED_XT = [k for k in emu.emulated_kernels(qkern.dispatch.INT8)
+                if k.kind == "unpacked" and k.packs_x]
+
+
+@pytest.mark.parametrize("kern", ON_PACKED_XT, ids=lambda k: k.name)
+def test_emulated_gemv_on_packed_xt_is_within_the_bound_at_every_row_count(library, kern):
+    """Each AMX kernel on the row-major weight, called on each count of
+    rows of its group, 1 to MR (8x1c0: float16 and float32 planes stacked
+    in one B tile to 16 columns, two above; 32x1c0: a B tile per plane and
+    16 rows), on 40 columns (a partial group of 32 rows of W) and K = 300
+    (two blocks of 128 k and a partial one) or 24 (where the bound misses
+    no plane: float32's third, at most 2^-15 of x, weighs more there than
+    the rounding it allows for): within the bound of tests/reference.py,
+    nothing written outside its rows and columns."""
+    rng = np.random.default_rng(31)
+    n = 40
+    call = emu.ukernel_call(kern)
+    for dtype, k in itertools.product(DTYPES, (300, 24)):
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        scale = rng.uniform(1e-3, 2e-2, n).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for mr in range(1, kern.mr + 1):
+            x = (rng.standard_normal((mr, k)) * 4).astype(dtype)
+            big = np.full((mr + 2, n + 5), np.nan, dtype)
+            c = big[1:1 + mr, 2:2 + n]
+            call(mr, n, k, x, dtype_code(dtype), w, scale, bias, c, c.strides[0])
+            outside = big.astype(np.float64)
+            outside[1:1 + mr, 2:2 + n] = np.nan
+            assert np.isnan(outside).all(), (np.dtype(dtype).name, mr)
+            assert_woq_close(c, x, w, scale, bias, daz=True, planes=kern.planes(dtype))
+
+
+@pytest.mark.parametrize("kern", ON_PACKED_XT, ids=lambda k: k.name)
+def test_emulated_gemv_on_packed_xt_gives_a_row_its_bits_in_any_call(library, kern):
+    """Through the driver, which cuts the rows into groups of the kernel's
+    MR, each row of a call gets the bits it gets alone, whatever the call's
+    M (1 to MR + 1, and 2 MR + 3: whole groups and a partial one), the
+    threads and the cut (blocks of 32 rows, a column of W a task): a row's
+    planes are summed the same way in every group (a fuzzed call of 40
+    float32 rows once summed its first 32 rows' planes in one order and
+    its last 8's in another)."""
+    rng = np.random.default_rng(41)
+    n, k = 45, 100
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    scale = rng.uniform(1e-3, 2e-2, n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for dtype in DTYPES:
+        x = (rng.standard_normal((2 * kern.mr + 3, k)) * 4).astype(dtype)
+        alone = []
+        for r in range(len(x)):
+            y = np.full((1, n), np.nan, dtype)
+            assert emu.gemm(kern, x[r:r + 1], w, scale, bias, y, 1) == 0
+            alone.append(y.view(np.uint8))
+        cuts = (None, replace(kern.blocking, rows=32, chunk_bytes=1, min_macs_per_thread=1))
+        for m, threads, cut in itertools.product([*range(2, kern.mr + 2), len(x)], (1, 2),
+                                                 cuts):
+            y = np.full((m, n), np.nan, dtype)
+            assert emu.gemm(kern, x[:m], w, scale, bias, y, threads, cut) == 0
+            for r in range(m):
+                assert np.array_equal(y[r:r + 1].view(np.uint8), alone[r]), (
+                    np.dtype(dtype).name, m, threads, cut, r)
+
+
+def test_emulated_gemvs_on_packed_xt_agree_on_bfloat16(library):
+    """bfloat16 x has one plane, which the 8-row kernel stacks as the
+    32-row one lays it out: both give a row the same bits."""
+    by_mr = {k.mr: k for k in ON_PACKED_XT}
+    assert set(by_mr) == {8, 32}, ON_PACKED_XT
+    rng = np.random.default_rng(43)
+    n, k, m = 70, 300, 8
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    scale = rng.uniform(1e-3, 2e-2, n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    x = (rng.standard_normal((m, k)) * 4).astype(bfloat16)
+    ys = []
+    for kern in by_mr.values():
+        y = np.full((m, n), np.nan, bfloat16)
+        assert emu.gemm(kern, x, w, scale, bias, y, 1) == 0
+        ys.append(y.view(np.uint8))
+    assert np.array_equal(ys[0], ys[1])
+
+
 WIDENED_PANELS = [k for k in emu.emulated_kernels(qkern.dispatch.INT8)
                   if k.kind == "panels" and k.widened]
 

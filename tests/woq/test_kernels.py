@@ -205,16 +205,40 @@ def test_kernel_thread_count_invariant(kern):
 @pytest.mark.parametrize("kern", kernel_params())
 def test_kernel_rows_agree_across_mr(kern):
     """A row's result does not depend on how many rows share its kernel call:
-    every row count from 1 to MR + 1 gives each row the bits it has alone."""
+    every row count from 1 to MR + 1 gives each row the bits it has alone,
+    in every dtype (a kernel that split float32 or float16 rows into bf16
+    planes once summed them in an order that depended on its group's
+    rows)."""
     rng = np.random.default_rng(4)
-    dtype = np.dtype(kern.dtypes[-1])
-    x, w, s, b = _data(rng, kern.mr + 1, kern.nr + 1, 99, dtype)
-    layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
-    alone = [layer(x[i:i + 1]).view(np.uint8) for i in range(x.shape[0])]
-    for m in range(2, x.shape[0] + 1):
-        rows = layer(x[:m])
-        for i in range(m):
-            assert np.array_equal(rows[i:i + 1].view(np.uint8), alone[i]), (m, i)
+    for dtype in (d for d in DTYPES if d.name in kern.dtypes):
+        x, w, s, b = _data(rng, kern.mr + 1, kern.nr + 1, 99, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        alone = [layer(x[i:i + 1]).view(np.uint8) for i in range(x.shape[0])]
+        for m in range(2, x.shape[0] + 1):
+            rows = layer(x[:m])
+            for i in range(m):
+                assert np.array_equal(rows[i:i + 1].view(np.uint8), alone[i]), (dtype, m, i)
+
+
+@pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].packs_x
+                                  and p.values[0].kind == "unpacked"])
+def test_kernel_on_packed_xt_is_within_the_bound_at_every_row_count(kern):
+    """The kernel on packed x^T at each count of rows of its group, 1 to
+    MR (8x1c0: float16 and float32 planes stacked in one B tile to 16
+    columns, two above; 32x1c0: a B tile per plane and 16 rows); every row
+    within the bound. K = 300 spans two of its 128-k blocks and a partial
+    one; at K = 24 the bound is tight enough to miss no plane (float32's
+    third, at most 2^-15 of x, weighs more there than the rounding the
+    bound allows for)."""
+    rng = np.random.default_rng(37)
+    n = 40
+    for dtype, k in itertools.product(DTYPES, (300, 24)):
+        x, w, s, b = _data(rng, kern.mr, n, k, dtype)
+        layer = qkern.WoqLinear(w, s, b, kernel=kern.name)
+        for m in range(1, kern.mr + 1):
+            y = _run_poisoned(layer, x[:m], n)
+            assert_woq_close(y, x[:m], w, s, b, daz=kern.flushes_subnormals,
+                             planes=kern.planes(dtype))
 
 
 @pytest.mark.parametrize("kern", [p for p in kernel_params() if p.values[0].kind == "unpacked"])
