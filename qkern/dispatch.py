@@ -400,7 +400,7 @@ class Kernel:
         Whether the driver packs the rows of x for it, once per row block,
         into bfloat16 planes laid out as AMX tiles (its blocking's ``rows``
         are then a multiple of 32): the K-block kernels' A tiles, and the
-        B tiles (x transposed) of the AMX kernel on the unpacked weight.
+        B tiles (x transposed) of the AMX kernels on the unpacked weight.
     bound_by : str
         The instruction whose peak bounds its compute, as named by
         :mod:`qkern.roofline` (``"vfmadd231ps ymm"``, ``"tdpbf16ps"``, ...).

@@ -75,7 +75,7 @@
  *   2048.  Stacked (qk_woq_pack_xt_stacked__avx512, MR = 8): the planes
  *   share the chunk's first 2 KiB, column i * P + p holding row i of plane
  *   p (24 columns at most, one B tile per 16 of them rather than one per
- *   plane); the chunk's other 2 KiB are not used.  Columns past the
+ *   plane); the chunk's other (P - 1) * 2 KiB are not used.  Columns past the
  *   group's are not written and never read into a result.
  */
 #ifndef QKERN_WOQ_H
@@ -177,7 +177,8 @@ typedef enum qk_woq_kind {
   QK_WOQ_PANELS = 0,   /* fn, over packed panels (nr, kr >= 1), or widened ones */
   QK_WOQ_UNPACKED = 1, /* fn, over the row-major weight itself (nr = 1, kr = 0);
                           with pack_x, over packed x^T: a[0] is the group
-                          of its rows, MR = 32 */
+                          of its rows (MR = 32, or 8 with the planes
+                          stacked) */
   QK_WOQ_KBLOCK = 2    /* kblock (int8: packed or widened panels, kr = 2) or
                           int4_kblock (packed int4 panels), one K block per
                           call, over packed x (pack_x); MR = nr = 32 */

@@ -38,12 +38,13 @@ static inline __attribute__((always_inline)) void qk_tile_config_32x32(size_t mr
 }
 
 /* C += A B for the `planes` planes of one chunk of x from xp (planes 2 KiB
- * apart) and mr rows of x: packed x in the A tiles against the B tiles
- * already loaded (X_IN_B 0), or packed x^T in the B tiles against the A
- * tiles already loaded (1); per plane, rows 0..15 of x, then (mr > 16)
- * rows 16..31, each against both loaded tiles.  (A B tile of packed x^T
- * holds all 16 pairs of k of its rows, so it is read whole.)  The tile
- * intrinsics take literal tile numbers, hence the two branches. */
+ * apart) and mr rows of packed x, or mr columns of packed x^T: packed x
+ * in the A tiles against the B tiles already loaded (X_IN_B 0), or packed
+ * x^T in the B tiles against the A tiles already loaded (1); per plane,
+ * rows (columns) 0..15, then (mr > 16) 16..31, each against both loaded
+ * tiles.  (A B tile of packed x^T holds all 16 pairs of k of its columns,
+ * so it is read whole.)  The tile intrinsics take literal tile numbers,
+ * hence the two branches. */
 static inline __attribute__((always_inline)) void qk_tile_dpbf16ps_chunk(const int X_IN_B,
                                                                          const char* xp,
                                                                          size_t planes, size_t mr) {

@@ -381,8 +381,9 @@ def test_emulated_gemv_on_packed_xt_is_within_the_bound_at_every_row_count(libra
 def test_emulated_gemv_on_packed_xt_gives_a_row_its_bits_in_any_call(library, kern):
     """Through the driver, which cuts the rows into groups of the kernel's
     MR, each row of a call gets the bits it gets alone, whatever the call's
-    M (1 to MR + 1, and 2 MR + 3: whole groups and a partial one), the
-    threads and the cut (blocks of 32 rows, a column of W a task): a row's
+    M (1 to MR + 1, and 2 MR + 3 or 41: whole groups and a partial one,
+    over two blocks), the threads and the cut (blocks of 32 rows, a column
+    of W a task): a row's
     planes are summed the same way in every group (a fuzzed call of 40
     float32 rows once summed its first 32 rows' planes in one order and
     its last 8's in another)."""
@@ -392,7 +393,7 @@ def test_emulated_gemv_on_packed_xt_gives_a_row_its_bits_in_any_call(library, ke
     scale = rng.uniform(1e-3, 2e-2, n).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     for dtype in DTYPES:
-        x = (rng.standard_normal((2 * kern.mr + 3, k)) * 4).astype(dtype)
+        x = (rng.standard_normal((max(2 * kern.mr + 3, 41), k)) * 4).astype(dtype)
         alone = []
         for r in range(len(x)):
             y = np.full((1, n), np.nan, dtype)

@@ -314,7 +314,7 @@ def _blockings(kern) -> list:
     if kern.kind == "kblock":
         return [replace(d, rows=32, k_block=32), replace(d, rows=64, k_block=64, chunk_bytes=1),
                 replace(d, k_block=2048, chunk_bytes=1 << 30, min_macs_per_thread=1)]
-    group = 32 if kern.packs_x else 1  # rows packed in 32-row groups
+    group = 32 if kern.packs_x else 1  # rows packed in blocks of 32 (groups of MR)
     return [replace(d, rows=group, chunk_bytes=1, split=split) for split in ("m", "n")] + [
         replace(d, rows=(kern.mr // group + 1) * group, min_macs_per_thread=1, split="n"),
         replace(d, rows=1 << 20, chunk_bytes=1 << 30)]
