@@ -12,7 +12,10 @@
 #   amx     the static choice of int8 and int4 against the same calls
 #           capped at AVX-512-BF16 (QKERN_ISA; the AVX-512 FMA kernels
 #           there), around the M from which the static rule takes the tile
-#           kernels (qkern.dispatch.AMX_FROM_M);
+#           kernels (qkern.dispatch.AMX_FROM_M); the functional op's
+#           kernels on the unpacked weight side by side (the two AMX ones
+#           and the AVX-512 GEMV, around AMX_UNPACKED_FROM_M and 8 rows),
+#           and the functional op against WoqLinear at M <= 8;
 #   avx512  int8 on packed panels against the f32w copy widened
 #           beforehand, int4 against the kernel on dequantized weights,
 #           where the CPU has AVX-512-BF16 (and VBMI) the vdpbf16ps kernels against
@@ -62,6 +65,12 @@ if [ "$level" = amx ]; then
       --weights int8,int4 --dtypes bfloat16,float32 --threads 1,2 --copies 4 --reps 8 |
       tee "$OUT/minof-$isa.txt"
   done
+  echo "=== the functional op's kernels, and the op against WoqLinear"
+  $PY benchmarks/woq_minof.py 4096:4096:4,5,6,8,9 --dtypes float32,float16,bfloat16 \
+    --weights int8:bf16_gemv_8x1c0__amx,int8:bf16_gemv_32x1c0__amx,int8:f32_gemv_8x1c0__avx512 \
+    --threads 1,2 --copies 4 --reps 8 | tee "$OUT/minof-gemv.txt"
+  $PY benchmarks/woq_minof.py 4096:4096:1,4,5,6,8 --dtypes float32,float16,bfloat16 \
+    --weights int8,int8-functional --threads 1,2 --copies 4 --reps 16 | tee -a "$OUT/minof-gemv.txt"
 else
   # float32: the AVX-512 kernels run it on every AVX-512 CPU (bfloat16 runs
   # vdpbf16ps where the CPU has AVX-512-BF16)
