@@ -656,7 +656,7 @@ def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpac
         levels = sorted({k.isa for k in unpacked}, key=ISA_LEVELS.index, reverse=True)
         level = levels[1] if (levels[0] == "amx" and len(levels) > 1
                               and m < amx_unpacked_from_m[name]) else levels[0]
-        kern = min((k for k in unpacked if k.isa == level), key=lambda k: (-(-m // k.mr), k.mr))
+        kern = _fewest_calls([k for k in unpacked if k.isa == level], m)
         if m <= unpacked_calls[level] * kern.mr:
             return kern
     cands = _packed_candidates(name, layout, weight_format, registry)
@@ -675,7 +675,13 @@ def _static_rule(settings: tuple, name: str, m: int, layout: tuple | None, unpac
     packed = [k for k in cands if not (k.widened or k.dequantizes)] or cands
     if widened:
         return widened[-1]
-    return min(packed, key=lambda k: -(-m // k.mr))  # the first, narrowest, on a tie
+    return _fewest_calls(packed, m)
+
+
+def _fewest_calls(kernels: list, m: int) -> Kernel:
+    """Of ``kernels``, the one that runs ``m`` rows in the fewest calls of
+    MR rows, the narrower on a tie (the first of those in registry order)."""
+    return min(kernels, key=lambda k: (-(-m // k.mr), k.mr))
 
 
 def _log(kern: Kernel, dtype_name_: str, m: int) -> Kernel:
