@@ -12,7 +12,10 @@ reads one, made before the timing; int4 in groups of 128; int4 forced
 onto this level's kernel on dequantized weights, whatever M;
 ``int8-functional``, ``qkern.weight_int8pack_mm`` on the row-major
 weight, which packs per call unless a kernel on the unpacked weight
-takes M; ``int8:NAME``
+takes M; ``dense-torch``, ``torch.mm`` in the row's dtype on the int8
+values as a dense weight (no scales: the same work, not the layer's
+product), when PyTorch is installed, x handed over without a copy and
+PyTorch's thread count set before the clock starts; ``int8:NAME``
 or ``int4:NAME``, a layer forced onto registry kernel NAME, to time
 kernels of different levels side by side, e.g.
 ``--weights int8:bf16_gemm_32x32c2__amx,int8:f32_gemm_4x32c2__avx512``) and thread
@@ -35,7 +38,8 @@ from qkern import bench
 from qkern._dtypes import bfloat16
 
 DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
-WEIGHTS = ("int8", "int8-widened", "int8-functional", "int4", "int4-dequantized")
+WEIGHTS = ("int8", "int8-widened", "int8-functional", "int4", "int4-dequantized",
+           "dense-torch")
 
 
 class _Functional:
@@ -52,6 +56,38 @@ class _Functional:
     def kernel_for(self, m):
         return qkern.dispatch.choose_kernel(self.scales.dtype, m, unpacked_ok=True,
                                             n=self.w.shape[0])
+
+
+class _TorchDense:
+    """Dense ``torch.mm`` in the activation dtype on the int8 values of
+    ``w`` (unscaled), called as a layer is; :meth:`set_threads` sets
+    PyTorch's thread count, which the call then uses."""
+
+    def __init__(self, w, dtype):
+        try:
+            import torch
+        except ImportError:
+            raise SystemExit("dense-torch: PyTorch is not installed") from None
+        self.torch = torch
+        self.dtype = getattr(torch, np.dtype(dtype).name)
+        self.w = torch.from_numpy(w.astype(np.float32)).to(self.dtype).t()  # (K, N), as nn.Linear
+        self.nbytes = self.w.element_size() * self.w.numel()
+
+    def set_threads(self, num_threads):
+        if self.torch.get_num_threads() != num_threads:
+            self.torch.set_num_threads(num_threads)
+
+    def to_torch(self, x):
+        """x as a tensor on the same memory (bfloat16 through an int16 view)."""
+        if x.dtype == bfloat16:
+            return self.torch.from_numpy(x.view(np.int16)).view(self.torch.bfloat16)
+        return self.torch.from_numpy(x)
+
+    def __call__(self, x, num_threads):
+        return self.torch.mm(self.to_torch(x), self.w)
+
+    def kernel_for(self, m):
+        return argparse.Namespace(name="torch.mm")
 
 
 def _widened_layer(w, scales, x):
@@ -127,7 +163,8 @@ def main(argv=None) -> None:
                                                            np.zeros((1, k), dtype)),
                     "int8-functional": lambda: _Functional(w.copy(), scales.astype(dtype)),
                     "int4": lambda: bench.random_int4_layer(rng, n, k, dtype),
-                    "int4-dequantized": lambda: _dequantized_layer(rng, n, k, dtype)}
+                    "int4-dequantized": lambda: _dequantized_layer(rng, n, k, dtype),
+                    "dense-torch": lambda: _TorchDense(w, dtype)}
             layers = {form: itertools.cycle([made[form]() for _ in range(args.copies)])
                       for form in weights}
             for m in ms:
@@ -136,6 +173,8 @@ def main(argv=None) -> None:
                 for _, form, t in itertools.product(range(args.reps), weights, threads):
                     clock = time.thread_time if t == 1 else time.perf_counter
                     layer = next(layers[form])
+                    if hasattr(layer, "set_threads"):
+                        layer.set_threads(t)
                     t0 = clock()
                     layer(x, num_threads=t)
                     times[form, t].append(clock() - t0)

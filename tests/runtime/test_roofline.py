@@ -13,6 +13,7 @@ import qkern
 from bench_support import BENCHMARKS, load_benchmark, runtimes_module
 from process_support import asan_loaded
 from qkern import _roofline, bench, roofline, timing
+from qkern._dtypes import bfloat16
 
 
 def test_peak_loops_match_the_build_and_cap():
@@ -317,6 +318,38 @@ def test_minof_script_times_the_widened_copy_beside_the_packed_weight(capsys):
     assert qkern.dispatch.get_kernel(rows[1][5]).reads_widened_copy
     assert float(rows[0][6]) < 1 <= float(rows[1][6])  # MiB: 0.25 packed, + 1 widened
     assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
+
+
+def test_minof_script_times_dense_torch_beside_the_layer(capsys):
+    """--weights int8,dense-torch: torch.mm on the int8 values as a dense
+    weight, in the row's dtype, timed beside the layer; the product is
+    x @ w.T, x handed over on its own memory, PyTorch's thread count set."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    minof = load_benchmark("woq_minof")
+    try:
+        minof.main(["1024:1024:8", "--dtypes", "bfloat16,float32",
+                    "--weights", "int8,dense-torch", "--reps", "2", "--copies", "1"])
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+        assert [(r[3], r[4], r[5]) for r in rows[1::2]] == [
+            ("bfloat16", "dense-torch", "torch.mm"), ("float32", "dense-torch", "torch.mm")]
+        assert all(0 < float(r[8]) <= float(r[9]) for r in rows)
+        rng = np.random.default_rng(5)
+        w = rng.integers(-128, 128, (40, 96), dtype=np.int8)
+        for dtype in (bfloat16, np.float16, np.float32):
+            dense = minof._TorchDense(w, dtype)
+            x = rng.integers(-4, 5, (3, 96)).astype(dtype)
+            assert dense.to_torch(x).data_ptr() == x.ctypes.data
+            dense.set_threads(1)
+            assert torch.get_num_threads() == 1
+            got = dense(x, num_threads=1)
+            assert got.dtype == getattr(torch, np.dtype(dtype).name)
+            # integer sums below 2^24 are exact in f32: the product rounds once, to x's dtype
+            exact = x.astype(np.float32) @ w.T.astype(np.float32)
+            want = exact.astype(dtype).astype(np.float32)
+            np.testing.assert_array_equal(got.float().numpy(), want)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_runtime_peers_run_the_same_problem():
