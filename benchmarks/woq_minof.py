@@ -15,7 +15,9 @@ weight, which packs per call unless a kernel on the unpacked weight
 takes M; ``dense-torch``, ``torch.mm`` in the row's dtype on the int8
 values as a dense weight (no scales: the same work, not the layer's
 product), when PyTorch is installed, x handed over without a copy and
-PyTorch's thread count set before the clock starts; ``int8:NAME``
+PyTorch's thread count set before the clock starts (its threads spin
+after each call and slow the next: compare with it where a call takes
+milliseconds, docs/performance.rst, "How to measure"); ``int8:NAME``
 or ``int4:NAME``, a layer forced onto registry kernel NAME, to time
 kernels of different levels side by side, e.g.
 ``--weights int8:bf16_gemm_32x32c2__amx,int8:f32_gemm_4x32c2__avx512``) and thread
