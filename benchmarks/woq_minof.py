@@ -71,8 +71,8 @@ class _TorchDense:
         except ImportError:
             raise SystemExit("dense-torch: PyTorch is not installed") from None
         self.torch = torch
-        self.dtype = getattr(torch, np.dtype(dtype).name)
-        self.w = torch.from_numpy(w.astype(np.float32)).to(self.dtype).t()  # (K, N), as nn.Linear
+        dense = torch.from_numpy(w.astype(np.float32)).to(getattr(torch, np.dtype(dtype).name))
+        self.w = dense.t()  # (K, N), as nn.Linear
         self.nbytes = self.w.element_size() * self.w.numel()
 
     def set_threads(self, num_threads):
