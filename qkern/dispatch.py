@@ -341,12 +341,13 @@ class Kernel:
     Attributes
     ----------
     name : str
-        ``<compute>_gemm_<MR>x<NR>c<KR>__<isa>``, as the C function is named.
+        ``<compute>_<gemm|gemv>_<MR>x<NR>c<KR>__<isa>``: the C function's
+        name without ``qk_woq_`` and ``ukernel_`` (or ``kblock_``).
     kind : str
         How the driver runs it: ``"panels"`` (over packed, or widened, weight
         panels), ``"unpacked"`` (over the row-major weight itself, layout
         ``(1, 0)``) or ``"kblock"`` (one block of K per call, over packed
-        ``x``; the AMX kernels).
+        ``x``; the AMX GEMM kernels).
     isa : str
         The lowest ISA level with every feature it uses (one of
         ``qkern.ISA_LEVELS``).

@@ -139,7 +139,7 @@ def _check_out(out, shape: tuple, dtype, inputs: tuple):
     if out.size == 0:  # nothing is written: any strides will do, as for NumPy
         return out, 0
     stride = _row_stride(shape[:-1], out.strides[:-1])
-    if out.size and ((shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None):
+    if (shape[-1] > 1 and out.strides[-1] != out.itemsize) or stride is None:
         raise ValueError("out: expected unit stride along the last axis and rows one "
                          f"stride apart, got strides {out.strides}")
     if out.size > shape[-1] and abs(stride) < shape[-1] * out.itemsize:
@@ -256,8 +256,8 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     For a few rows (``M`` up to ``qkern.dispatch.UNPACKED_CALLS`` times the
     MR of the highest level's unpacked-weight SIMD kernel: 24 for
     ``f32_gemv_8x1c0__avx512`` and ``bf16_gemv_8x1c0__avx512bf16``, 32 for
-    ``f32_gemv_8x1c0__avx2``) the weight
-    is read as it is;
+    ``f32_gemv_8x1c0__avx2``, 128 for ``bf16_gemv_32x1c0__amx`` on an AMX
+    CPU) the weight is read as it is;
     otherwise it is packed on every call. :class:`WoqLinear` packs it
     once.
 

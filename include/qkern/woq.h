@@ -33,8 +33,8 @@
  *   that is w's own row-major order (packing is a copy, or none at all).
  *
  * Widened layout (kernels with a widen function): the same values widened
- * to bf16 (AMX kernels) or f32 (the f32w kernels), widened_bytes each, in
- * the same order, the k-groups of each panel padded with zeros to a
+ * to bf16 (the AMX and bf16w kernels) or f32 (the f32w kernels),
+ * widened_bytes each, in the same order, the k-groups of each panel padded with zeros to a
  * multiple of 16 (one AMX tile of k-groups): a panel is
  * roundup(Kp/kr, 16) * nr * kr * widened_bytes bytes.  The driver widens a
  * chunk at a time into a per-thread buffer; a caller may instead widen the
@@ -319,7 +319,7 @@ enum {
    * of rows), so that no load splits a line. */
   QK_TRAIT_LINE_ALIGNED_X = 1u << 2,
   /* int4: the sums of the high nibbles come from sums of whole packed
-   * bytes less the low nibbles' (compute f32_qb4w, below). */
+   * bytes less the low nibbles' (compute f32_qb4w, above). */
   QK_TRAIT_SUMS_BYTES = 1u << 3
 };
 

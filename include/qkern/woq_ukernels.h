@@ -41,6 +41,8 @@ QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_8x1c0__avx512bf16)
 
 QK_DECLARE_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx)
 QK_DECLARE_KBLOCK(qk_woq_bf16w_gemm_kblock_32x32c2__amx)
+
+/* AMX kernels on the unpacked weight (qk_woq_ukernel_fn over packed x^T). */
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_8x1c0__amx)
 QK_DECLARE_UKERNEL(qk_woq_bf16_gemv_ukernel_32x1c0__amx)
 

@@ -5,8 +5,8 @@
  *
  * Contract: qk_woq_dequantize_fn.  Each int4 panel becomes one f32 panel,
  * each k's 32 values two 64-byte lines: columns 0..15 from the low
- * nibbles, then columns 16..31 from the high ones (qk512_qb4w_widen_f32,
- * as f32_qb4w_gemm_8x32c1__avx512 widens them; kc, whole groups, is a
+ * nibbles, then columns 16..31 from the high ones (qk512_qb4w_widen_f32;
+ * kc, whole groups, is a
  * multiple of 32, so no k is padded): w = fma(q, s, z'), z' = fma(-8, s,
  * z), one rounding each (compute f32dq_qb4w, as the AVX2 dequantization).
  * Columns at or beyond nc take s = z = 0, so w = 0, and their scales are

@@ -10,9 +10,9 @@
 
 #include "io-avx512.h"
 
-/* The scales s and z' = fma(-8, s, z) of the first `count` (1..16) of 16
+/* The scales s and z' = fma(-8, s, z) of the first `count` (0..16) of 16
  * columns, from their (s, z) pairs at p, of dtype DT; zeros beyond count,
- * nothing read there. */
+ * nothing read there (count 0: all zeros, nothing read). */
 QK_INLINE void qk512_qb4w_params16(const char* p, size_t count, qk_dtype DT, __m512* s,
                                    __m512* zp) {
   const size_t values = 2 * count; /* s0 z0 s1 z1 ... */

@@ -32,8 +32,8 @@
  * 0.84-0.92 at M = 2 (bf16 0.97, within noise: left out); with more rows
  * the extra prefetch gains nothing or costs (f32 0.97-1.07 at 4 rows, 1.06
  * at 6; bf16 1.03-1.22 at 4), so those kernels leave it out.  The
- * driver's widenings and int4 dequantizations, which have no arithmetic
- * to hide the wait behind, take it too. */
+ * driver's int8 widenings and int4 dequantizations, which have no
+ * arithmetic to hide the wait behind, take it too. */
 #define QK_L2_PREFETCH_BYTES (16 * 1024)
 
 /* The prefetches of a kernel streaming packed weights, for the line at p:

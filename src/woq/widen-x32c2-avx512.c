@@ -1,7 +1,8 @@
 /*
  * widen-x32c2-avx512.c -- widens packed int8 panels of layout nr = 32, kr = 2
  * into the widened layouts (include/qkern/woq.h), AVX-512 F/BW: bf16 (the
- * AMX kernels) and f32 (f32w_gemm_6x32c2__avx512).
+ * AMX kernels and bf16w_gemm_8x32c2__avx512bf16) and f32
+ * (f32w_gemm_6x32c2__avx512).
  *
  * Each k-group's 64 bytes become 64 values in the same order (in bf16,
  * columns 0..15 then 16..31, each as (k, k+1), are one 64-byte row of each

@@ -4,7 +4,7 @@
  * One entry per kernel, with its traits (include/qkern/woq.h); code reads
  * the traits, never the name.  QKERN_HAVE_<ISA> is defined by setup.py when the
  * compiler built that ISA's library; kernels it could not build are absent.
- * Order: within one ISA, smaller MR first.  Whether this CPU may run an entry
+ * Order: within one ISA and weight format, smaller MR first.  Whether this CPU may run an entry
  * is decided in qkern/dispatch.py from qkern.cpu_features() and QKERN_ISA.
  */
 #include "qkern/woq.h"
