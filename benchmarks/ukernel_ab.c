@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
   const char* kind = "kblock";
 #endif
   require_amx(kind);
-  const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1, panels = nc / 32;
+  const size_t planes = qk_bf16_planes(dt), panels = nc / 32;
   /* int4: 16 bytes per k and panel packed, 64 widened; int8: 32 per k */
   const size_t panel_bytes = group ? k * (widens ? 64 : 16) : 32 * (k + k % 2);
   kblock_walk o = {m, nc, k, 0, planes * 2048, panel_bytes, group, (int)widens, dt};
@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
   const void* rows[32];
   if (packed_xt) { /* one group of packed x^T */
     require_amx("xt");
-    const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
+    const size_t planes = qk_bf16_planes(dt);
     rows[0] = packed_bf16_x((kc + 31) / 32 * planes * 2048);
   } else {
     char* x = buffer(mr * kc * qk_dtype_size(xdt));

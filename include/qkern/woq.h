@@ -91,6 +91,17 @@ extern "C" {
 /* Element types of x and y. */
 typedef enum qk_dtype { QK_F32 = 0, QK_F16 = 1, QK_BF16 = 2 } qk_dtype;
 
+/* Bytes of one element of dtype dt. */
+static inline __attribute__((always_inline)) size_t qk_dtype_size(qk_dtype dt) {
+  return dt == QK_F32 ? 4 : 2;
+}
+
+/* How many bf16 planes sum exactly to a value of dtype dt (the AMX
+ * kernels' split of x: bf16 1, float16 2, float32 3). */
+static inline __attribute__((always_inline)) size_t qk_bf16_planes(qk_dtype dt) {
+  return dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
+}
+
 /* ISA levels, ordered: a cap admits every level at or below it. */
 typedef enum qk_isa {
   QK_ISA_REF = 0,

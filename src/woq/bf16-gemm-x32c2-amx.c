@@ -106,7 +106,7 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
                         const char* at, const int8_t* w, size_t w_panel_stride, char* widen_to,
                         float* acc, int first, int last, const float* scale, const float* bias,
                         void* c, ptrdiff_t c_stride) {
-  const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
+  const size_t planes = qk_bf16_planes(DT);
   const size_t sub = CHUNKS_PER_SUB_BLOCK / planes;
   const int widened = PREWIDENED && !widen_to;
   char bbuf[2048] __attribute__((aligned(64)));

@@ -48,12 +48,8 @@
 /* 32 int8 of a row of W at row (the first `left` of them when left < 32;
  * the rest 0) -> 32 bf16. */
 QK_INLINE __m512i widen_w(const int8_t* row, size_t left, __m512i idx) {
-  if (left >= 32) return qk512_i8_to_bf16(row, idx);
-  int8_t tail[32] __attribute__((aligned(16)));
-  _mm_store_si128((__m128i*)tail, _mm_maskz_loadu_epi8(qk512_mask(left), row));
-  _mm_store_si128((__m128i*)(tail + 16),
-                  _mm_maskz_loadu_epi8(qk512_mask(left > 16 ? left - 16 : 0), row + 16));
-  return qk512_i8_to_bf16(tail, idx);
+  return left >= 32 ? qk512_i8_to_bf16(row, idx)
+                    : qk512_i8_to_bf16_masked(row, qk512_mask32(left), idx);
 }
 
 /* Chunks of 32 k widened at a time (8 KiB of A tiles): on the AMX Xeon
@@ -96,7 +92,7 @@ QK_INLINE void widen_row(const int8_t* w, size_t nc, size_t kc, size_t n0, size_
 QK_INLINE void gemv_body(const int STACKED, const qk_dtype DT, size_t mr, size_t nc, size_t kc,
                          const char* xt, const int8_t* w, const float* scale, const float* bias,
                          void* c, ptrdiff_t c_stride) {
-  const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
+  const size_t planes = qk_bf16_planes(DT);
   /* B's columns, and the B tiles of one chunk that hold them */
   const size_t columns = STACKED ? mr * planes : mr, tile_planes = STACKED ? 1 : planes;
   const int two = columns > 16;

@@ -28,13 +28,8 @@ typedef uint16_t gemv_x; /* bf16 bits */
  * those that mask selects, zero elsewhere.  idx: qk512_high_halves. */
 QK_INLINE __m512bh load_w(const int MASKED, const int8_t* row, size_t k, __mmask32 mask,
                           __m512i idx) {
-  if (!MASKED) return (__m512bh)qk512_i8_to_bf16(row + k, idx);
-  const __m128i lo = _mm_maskz_loadu_epi8((__mmask16)mask, row + k);
-  const __m128i hi = _mm_maskz_loadu_epi8((__mmask16)(mask >> 16), row + k + 16);
-  const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
-  const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
-  return (__m512bh)_mm512_permutex2var_epi16(_mm512_castps_si512(flo), idx,
-                                             _mm512_castps_si512(fhi));
+  return (__m512bh)(MASKED ? qk512_i8_to_bf16_masked(row + k, mask, idx)
+                           : qk512_i8_to_bf16(row + k, idx));
 }
 
 /* One step of 32 k for R rows and C columns: acc[i][j] += x_i[k..] .
@@ -42,7 +37,7 @@ QK_INLINE __m512bh load_w(const int MASKED, const int8_t* row, size_t k, __mmask
 QK_INLINE void gemv_step(const size_t R, const size_t C, const int MASKED, __m512 acc[8][4],
                          const uint16_t* const* ar, const int8_t* const* wr, size_t k,
                          size_t left) {
-  const __mmask32 mask = left >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << left) - 1u);
+  const __mmask32 mask = qk512_mask32(left);
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   __m512bh wv[4];
 #pragma GCC unroll 4

@@ -20,7 +20,7 @@
 void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t kc,
                                   size_t group_size, const void* sz, size_t sz_stride, qk_dtype dt,
                                   size_t nc, float* out) {
-  const size_t pair = dt == QK_F32 ? 8 : 4;
+  const size_t pair = 2 * qk_dtype_size(dt);
   const __m512 table = _mm512_load_ps(qk512_qb4w_f32_of_q);
   for (size_t p = 0; p < panels; p++, packed += kc * 16) {
     float* dst = out + p * kc * 32;
@@ -34,7 +34,7 @@ void qk_woq_dequant_x32c1__avx512(const uint8_t* packed, size_t panels, size_t k
       for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
         if ((k & 3) == 0) qk_prefetch_stream(packed + k * 16, 1);
         __m512 q0, q1;
-        qk512_qb4w_widen_f32(packed + k * 16, table, &q0, &q1);
+        qk512_qb4w_widen_f32(0, packed + k * 16, table, &q0, &q1);
         _mm512_storeu_ps(dst + k * 32, _mm512_fmadd_ps(q0, s[0], zp[0]));
         _mm512_storeu_ps(dst + k * 32 + 16, _mm512_fmadd_ps(q1, s[1], zp[1]));
       }

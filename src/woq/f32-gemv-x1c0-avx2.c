@@ -25,13 +25,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "io-avx2.h"
 #include "scalar-convert.h"
-#include "ukernel-define.h"
-
-/* 8 int8 of a weight row from element k as f32. */
-QK_INLINE __m256 load_w(const int8_t* row, size_t k) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + k))));
-}
 
 /* ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)): one fixed order. */
 QK_INLINE float hsum(__m256 v) {
@@ -77,7 +72,7 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
         _mm_prefetch((const char*)wr[j] + k + QK_GEMV_L2_PREFETCH_BYTES, _MM_HINT_T1);
       }
     __m256 wv[4];
-    for (size_t j = 0; j < C; j++) wv[j] = load_w(wr[j], k);
+    for (size_t j = 0; j < C; j++) wv[j] = qk256_i8_to_f32(wr[j] + k);
     for (size_t i = 0; i < R; i++) {
       __m256 xv = _mm256_loadu_ps(xp[i]);
       xp[i] += 8;
@@ -93,7 +88,8 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
     for (size_t i = 0; i < R; i++) memcpy(xt[i], ar[i] + k_whole, left * sizeof(float));
     for (size_t i = 0; i < R; i++) {
       const __m256 xv = _mm256_loadu_ps(xt[i]);
-      for (size_t j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(xv, load_w(wt[j], 0), acc[i][j]);
+      for (size_t j = 0; j < C; j++)
+        acc[i][j] = _mm256_fmadd_ps(xv, qk256_i8_to_f32(wt[j]), acc[i][j]);
     }
   }
   /* The sums leave their registers through constant indices only (GCC

@@ -60,7 +60,7 @@ QK_INLINE void qb4w_groups(const size_t MR, const size_t H, const size_t GS, con
                            size_t g, size_t nc, size_t kc, size_t group_size,
                            const float* const* ar, const uint8_t* w, const size_t col[4][2],
                            const char* sz, size_t sz_stride, __m256i low, __m256* acc) {
-  const size_t esize = DT == QK_F32 ? 4 : 2, panel_bytes = kc * 16;
+  const size_t esize = qk_dtype_size(DT), panel_bytes = kc * 16;
   /* the next groups' scales and zeros are rows of sz away: fetched while
    * these products run */
   if ((g + GS) * group_size < kc)

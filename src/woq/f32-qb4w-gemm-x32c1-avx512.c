@@ -6,7 +6,7 @@
  * layout (nr = 32), the order of sums the header fixes for the f32_qb4w
  * kernels.  x arrives in f32 with its group sums (the driver converts it).
  * A panel's 16-byte row (one k) widens in-register to two vectors of 16
- * f32 values (widen_low_and_bytes): the low nibbles, columns 0..15, and the
+ * f32 values (qk512_qb4w_widen_f32): the low nibbles, columns 0..15, and the
  * whole bytes (one zero-extension, a vpermps lookup for the nibbles, a
  * conversion for the bytes: three instructions where the high nibbles
  * would take four), shared by the rows: one FMA per row and vector into
@@ -27,16 +27,6 @@
 #include "qb4w-avx512.h"
 #include "qkern/woq_ukernels.h"
 
-/* The 16-byte packed int4 row at row -> the f32 values of its low
- * nibbles, columns 0..15 (*low: a lookup in table, qk512_qb4w_f32_of_q
- * loaded, which reads the low 4 bits of each zero-extended byte), and of
- * its whole bytes (*bytes). */
-QK_INLINE void widen_low_and_bytes(const uint8_t* row, __m512 table, __m512* low, __m512* bytes) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
-  *low = _mm512_permutexvar_ps(b, table);
-  *bytes = _mm512_cvtepi32_ps(b);
-}
-
 /* One k of GS groups: per group s, the 16-byte rows at wk + s *
  * group_size * 16 + p * panel_bytes (p < P) widened and multiplied into
  * the sums ps[.][2P s ..] of MR rows (low nibbles, then bytes). */
@@ -48,7 +38,7 @@ QK_INLINE void qb4w_step(const size_t MR, const size_t P, const size_t GS, const
 #pragma GCC unroll 4
     for (size_t p = 0; p < P; p++) {
       __m512 q0, q1;
-      widen_low_and_bytes(wk + s * group_size * 16 + p * panel_bytes, table, &q0, &q1);
+      qk512_qb4w_widen_f32(1, wk + s * group_size * 16 + p * panel_bytes, table, &q0, &q1);
 #pragma GCC unroll 8
       for (size_t i = 0; i < MR; i++) {
         const __m512 xv = qk512_broadcast(&ar[i][k + s * group_size]);

@@ -26,10 +26,6 @@
 
 #include "io-avx2.h"
 
-QK_INLINE __m256 qk256_i8_to_f32(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-
 /* Bytes of one panel of kc k values: packed int8 (WB = 1), or widened f32
  * (WB = 4, k padded to a multiple of 16). */
 QK_INLINE size_t x16c1_panel_bytes(size_t WB, size_t kc) {

@@ -12,6 +12,11 @@
 
 #include "ukernel-define.h"
 
+/* 8 int8 at p -> 8 f32 (exact). */
+QK_INLINE __m256 qk256_i8_to_f32(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
 /* f32 -> bf16 bits (round to nearest even, NaN kept quiet) in 8 x u16. */
 QK_INLINE __m128i qk256_f32_to_bf16(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);

@@ -50,6 +50,16 @@ QK_INLINE __m512i qk512_i8_to_bf16(const int8_t* p, __m512i idx) {
                                    _mm512_castps_si512(qk512_i8_to_f32(p + 16)));
 }
 
+/* The same for the int8 at p that mask selects, zero elsewhere (nothing
+ * read there). */
+QK_INLINE __m512i qk512_i8_to_bf16_masked(const int8_t* p, __mmask32 mask, __m512i idx) {
+  const __m128i lo = _mm_maskz_loadu_epi8((__mmask16)mask, p);
+  const __m128i hi = _mm_maskz_loadu_epi8((__mmask16)(mask >> 16), p + 16);
+  return _mm512_permutex2var_epi16(
+      _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))), idx,
+      _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
+}
+
 /* One k-group of a packed x32c2 panel, 64 int8 at src, -> its 64 values in
  * the same order at dst as values of WB bytes (2: bf16, 4: f32), exact;
  * prefetches the weight as qk_prefetch_stream(src, l2) does.  idx is
@@ -75,6 +85,11 @@ QK_INLINE void qk512_zero_lines(char* dst, size_t lines) {
 /* Lanes of mask for the first `count` of 16 columns. */
 QK_INLINE __mmask16 qk512_mask(size_t count) {
   return count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1u);
+}
+
+/* The same for the first `count` of 32 16-bit lanes. */
+QK_INLINE __mmask32 qk512_mask32(size_t count) {
+  return count >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << count) - 1;
 }
 
 /* f32 -> bf16 bits (round to nearest even, NaN kept quiet), in 16-bit lanes. */

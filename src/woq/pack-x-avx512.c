@@ -39,10 +39,10 @@ QK_INLINE __m512i take_plane(__m512* x) {
  * x): planes[p], 32 bf16 in k order. */
 QK_INLINE void chunk_planes(const void* row, qk_dtype dt, size_t k, size_t left, size_t planes,
                             __m512i idx, __m512i out[3]) {
-  QK_ASAN_CHECK((const char*)row + k * (dt == QK_F32 ? 4 : 2),
-                (left < 32 ? left : 32) * (dt == QK_F32 ? 4 : 2), 0);
+  QK_ASAN_CHECK((const char*)row + k * qk_dtype_size(dt),
+                (left < 32 ? left : 32) * qk_dtype_size(dt), 0);
   if (dt == QK_BF16) {
-    const __mmask32 m = left >= 32 ? (__mmask32)~0u : (__mmask32)((1u << left) - 1u);
+    const __mmask32 m = qk512_mask32(left);
     out[0] = _mm512_maskz_loadu_epi16(m, (const uint16_t*)row + k);
     return;
   }
@@ -68,7 +68,7 @@ typedef enum packed_layout { PACKED_X, PACKED_XT, PACKED_XT_STACKED } packed_lay
 /* Packs row i of a group into LAYOUT. */
 QK_INLINE void pack_row(const packed_layout LAYOUT, const void* row, qk_dtype dt, size_t kc,
                         size_t i, void* group, size_t chunk_stride) {
-  const size_t planes = dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1;
+  const size_t planes = qk_bf16_planes(dt);
   const __m512i idx = _mm512_load_si512(qk512_high_halves);
   char* o = (char*)group;
   for (size_t k = 0; k < kc; k += 32, o += chunk_stride) {

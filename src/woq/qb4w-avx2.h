@@ -40,7 +40,7 @@ QK_INLINE void qk256_qb4w_load_params8(const char* p, qk_dtype DT, __m256* s, __
  * or beyond column nc (those get zeros). */
 QK_INLINE void qk256_qb4w_load_params(const char* row, size_t col, size_t nc, qk_dtype DT,
                                       __m256* s, __m256* zp) {
-  const size_t pair = DT == QK_F32 ? 8 : 4;
+  const size_t pair = 2 * qk_dtype_size(DT);
   if (col + 8 <= nc) {
     qk256_qb4w_load_params8(row + col * pair, DT, s, zp);
     return;

@@ -16,13 +16,13 @@
 QK_INLINE void qk512_qb4w_params16(const char* p, size_t count, qk_dtype DT, __m512* s,
                                    __m512* zp) {
   const size_t values = 2 * count; /* s0 z0 s1 z1 ... */
-  QK_ASAN_CHECK(p, values * (DT == QK_F32 ? 4 : 2), 0);
+  QK_ASAN_CHECK(p, values * qk_dtype_size(DT), 0);
   __m512 a, b; /* pairs 0..7, pairs 8..15 */
   if (DT == QK_F32) {
     a = _mm512_maskz_loadu_ps(qk512_mask(values), p);
     b = _mm512_maskz_loadu_ps(qk512_mask(values > 16 ? values - 16 : 0), p + 64);
   } else {
-    const __mmask32 mask = values >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << values) - 1);
+    const __mmask32 mask = qk512_mask32(values);
     const __m512i h = _mm512_maskz_loadu_epi16(mask, p);
     const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
     if (DT == QK_F16) {
@@ -45,16 +45,18 @@ static const float qk512_qb4w_f32_of_q[16]
     __attribute__((aligned(64))) = {0.0f, 1.0f, 2.0f,  3.0f,  4.0f,  5.0f,  6.0f,  7.0f,
                                     8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f};
 
-/* The 16-byte packed int4 row at row -> its q values in f32, columns
- * 0..15 (*q0) and 16..31 (*q1): a zero-extension to dwords, then a
+/* The 16-byte packed int4 row at row -> f32 vectors of columns 0..15 (*q0,
+ * its low nibbles) and 16..31 (*q1): a zero-extension to dwords, then a
  * lookup in table (qk512_qb4w_f32_of_q, loaded) for the low nibbles (no
- * AND, no conversion) and a shift and a conversion for the high ones (a
- * second lookup ran slower on a Zen 4: the two kinds of instruction share
- * out the vector ports). */
-QK_INLINE void qk512_qb4w_widen_f32(const uint8_t* row, __m512 table, __m512* q0, __m512* q1) {
+ * AND, no conversion) and a conversion of the high nibbles, shifted down,
+ * or (WHOLE_BYTES) of the whole bytes, 16 q1 + q0, from whose sums the
+ * f32_qb4w kernels take the low nibbles' (a second lookup ran slower on a
+ * Zen 4: the two kinds of instruction share out the vector ports). */
+QK_INLINE void qk512_qb4w_widen_f32(const int WHOLE_BYTES, const uint8_t* row, __m512 table,
+                                    __m512* q0, __m512* q1) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
   *q0 = _mm512_permutexvar_ps(b, table);
-  *q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  *q1 = _mm512_cvtepi32_ps(WHOLE_BYTES ? b : _mm512_srli_epi32(b, 4));
 }
 
 /* bf16(i & 15) for i = 0..31 (exact): vpermw reads the low 5 bits of an
@@ -113,7 +115,7 @@ QK_INLINE void qk512_qb4w_widen_rows(const uint8_t* rows, size_t pairs_count, ch
  * from panel p0. */
 QK_INLINE void qk512_qb4w_prefetch_params(const size_t P, const size_t GS, const qk_dtype DT,
                                           size_t g, size_t p0, const char* sz, size_t sz_stride) {
-  const size_t pair = DT == QK_F32 ? 8 : 4;
+  const size_t pair = 2 * qk_dtype_size(DT);
   for (size_t s = 0; s < GS; s++)
     for (size_t p = 0; p < P; p++)
       for (size_t l = 0; l < pair * 32; l += 64)
@@ -127,7 +129,7 @@ QK_INLINE void qk512_qb4w_apply_groups(const size_t MR, const size_t P, const si
                                        const qk_dtype DT, size_t g, size_t p0, size_t nc, size_t kc,
                                        const float* const* ar, const char* sz, size_t sz_stride,
                                        __m512 ps[8][8], __m512 acc[8][8]) {
-  const size_t pair = DT == QK_F32 ? 8 : 4;
+  const size_t pair = 2 * qk_dtype_size(DT);
   for (size_t s = 0; s < GS; s++) {
     const char* row = sz + (g + s) * sz_stride;
     for (size_t v = 0; v < 2 * P; v++) {

@@ -66,6 +66,4 @@ static inline void qk_store_from_f32(void* row, size_t n, qk_dtype dt, float v) 
   memcpy((char*)row + 2 * n, &h, 2);
 }
 
-static inline size_t qk_dtype_size(qk_dtype dt) { return dt == QK_F32 ? 4 : 2; }
-
 #endif /* QKERN_SCALAR_CONVERT_H */

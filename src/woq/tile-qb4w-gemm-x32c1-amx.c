@@ -54,7 +54,7 @@
 QK_INLINE void apply_group(const qk_dtype DT, size_t mr, size_t nc, size_t col0, size_t ld,
                            const float p[32][32], const char* sz_row, const float* xs,
                            size_t xs_stride, float* acc) {
-  const size_t pair = DT == QK_F32 ? 8 : 4;
+  const size_t pair = 2 * qk_dtype_size(DT);
   for (size_t h = 0; h < 2; h++) {
     const size_t col = col0 + 16 * h;
     if (col >= nc) break;
@@ -99,7 +99,7 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
                          const uint8_t* w, size_t w_panel_stride, const char* sz, size_t sz_stride,
                          float* acc, int first, int last, const float* bias, void* c,
                          ptrdiff_t c_stride) {
-  const size_t planes = DT == QK_F32 ? 3 : DT == QK_F16 ? 2 : 1;
+  const size_t planes = qk_bf16_planes(DT);
   const size_t groups = kc / group_size, chunks = group_size / 32; /* groups: multiples of 32 */
   const size_t panels = (nc + 31) / 32, ld = 32 * panels;          /* acc: rows ld floats apart */
   const int two = mr > 16;

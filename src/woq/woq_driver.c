@@ -67,9 +67,7 @@ size_t qk_woq_widened_panel_size(const qk_woq_kernel* kern, size_t kc) {
 }
 
 /* Bytes of one 32-k chunk of a group of packed x: 2 KiB per plane. */
-static size_t packed_x_chunk_size(qk_dtype dt) {
-  return (dt == QK_F32 ? 3 : dt == QK_F16 ? 2 : 1) * 2048;
-}
+static size_t packed_x_chunk_size(qk_dtype dt) { return qk_bf16_planes(dt) * 2048; }
 
 size_t qk_woq_packed_x_group_size(size_t k, qk_dtype dt) {
   return ceil_div(k, 32) * packed_x_chunk_size(dt);
@@ -280,7 +278,7 @@ static int execute(plan* p, const qk_woq_blocking* blocking, const char* x, int6
   const int kblock = kern->kind == QK_WOQ_KBLOCK, packs_x = kern->pack_x != NULL;
   const size_t m = p->m, n = p->n, k = p->k;
   const qk_dtype dt = p->dt;
-  p->esize = dt == QK_F32 ? 4 : 2;
+  p->esize = qk_dtype_size(dt);
   p->x_group_bytes = packs_x ? qk_woq_packed_x_group_size(k, dt) : 0;
   p->rows = blocking->rows;
   p->k_block = blocking->k_block;
@@ -548,7 +546,7 @@ int qk_woq_gemm_int4(const qk_woq_kernel* kern, const qk_woq_blocking* blocking,
             .bias = bias,
             .group_size = group_size,
             .sz = (const char*)sz,
-            .sz_stride = n * 2 * (dt == QK_F32 ? 4 : 2),
+            .sz_stride = n * 2 * qk_dtype_size(dt),
             .y = y,
             .y_stride = y_stride};
   return execute(&p, blocking, x, x_stride, x_offsets, num_threads);
