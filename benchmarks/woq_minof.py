@@ -37,9 +37,8 @@ import numpy as np
 
 import qkern
 from qkern import bench
-from qkern._dtypes import bfloat16
+from qkern._dtypes import DTYPES, bfloat16
 
-DTYPES = {"bfloat16": bfloat16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
 WEIGHTS = ("int8", "int8-widened", "int8-functional", "int4", "int4-dequantized",
            "dense-torch")
 

@@ -520,6 +520,12 @@ def get_kernel(name: str) -> Kernel:
     raise ValueError(f"no kernel named {name!r}; see qkern.kernels()")
 
 
+def runnable_here(name) -> str | None:
+    """``name`` if it names a kernel this process may run, else None (what a
+    pickled layer's forced kernel becomes on a machine without it)."""
+    return name if any(k.name == name and k.available for k in REGISTRY) else None
+
+
 def top_level(dtype, layout: tuple | None = None, weight_format: str = INT8) -> str:
     """The highest ISA level with an available kernel on packed panels for
     ``dtype`` (reading ``layout`` when given) and ``weight_format``: the

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from qkern import _woq
-from qkern.dispatch import REGISTRY
+from qkern.dispatch import INT8, REGISTRY
 
-__all__ = ["PackedWeight", "aligned_empty", "check_int8_weight"]
+__all__ = ["PackedWeight", "aligned_empty", "check_array", "check_int8_weight"]
 
 _ALIGN = 64
-FORMAT = "int8_per_channel"
+FORMAT = INT8
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -45,13 +45,20 @@ def _check_layout(layout) -> tuple:
     return tuple(int(v) for v in layout)
 
 
+def check_array(name: str, a, ndim: int | None = None) -> np.ndarray:
+    """``a`` if it is a NumPy array (of ``ndim`` dimensions, when given);
+    TypeError or ValueError naming argument ``name`` otherwise."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {a.shape}")
+    return a
+
+
 def check_int8_weight(w) -> np.ndarray:
     """``w`` if it is a C-contiguous 2-D int8 array; TypeError or ValueError
     naming what it is otherwise."""
-    if not isinstance(w, np.ndarray):
-        raise TypeError(f"w: expected a numpy.ndarray, got {type(w).__name__}")
-    if w.ndim != 2:
-        raise ValueError(f"w: expected 2 dimension(s), got shape {w.shape}")
+    check_array("w", w, 2)
     if w.dtype != np.int8:
         raise TypeError(f"w: expected dtype int8, got {w.dtype}")
     if not w.flags.c_contiguous:

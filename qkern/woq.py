@@ -16,30 +16,22 @@ from qkern import _cpu, _woq, tuning
 from qkern._dtypes import dtype_code, dtype_name
 from qkern.dispatch import (
     INT8,
-    REGISTRY,
     Blocking,
     Kernel,
     choose_kernel,
     choose_layout,
     get_kernel,
+    runnable_here,
     widened_copy_fits,
 )
-from qkern.packing import PackedWeight, check_int8_weight, freeze
+from qkern.packing import PackedWeight, check_array, check_int8_weight, freeze
 
 __all__ = ["weight_int8pack_mm", "WoqLinear"]
 
 
 
-def _check_array(name: str, a, ndim: int | None = None) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {a.shape}")
-    return a
-
-
 def _check_vector(name: str, v, n: int, dtype) -> np.ndarray:
-    v = _check_array(name, v, 1)
+    v = check_array(name, v, 1)
     if v.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the dtype of x), got {v.dtype}")
     if v.shape[0] != n:
@@ -129,7 +121,7 @@ def _warn_thread_notices():
 
 
 def _check_out(out, shape: tuple, dtype, inputs: tuple):
-    out = _check_array("out", out)
+    out = check_array("out", out)
     if out.shape != shape:
         raise ValueError(f"out: expected shape {shape}, got {out.shape}")
     if out.dtype != dtype:
@@ -189,7 +181,7 @@ def run_rows(kern: Kernel, x, n: int, k: int, out, num_threads, inputs: tuple,
     through ``launch(xs, rows, dtype code, x_stride, offsets, y, y_stride,
     threads, blocking tuple)``, which calls the C entry; returns the output
     array.  ``inputs``: ``(name, array)`` pairs ``out`` must not overlap."""
-    x = _check_array("x", x)
+    x = check_array("x", x)
     if x.ndim < 1:
         raise ValueError("x: expected shape (..., K), got a 0-d array")
     if x.shape[-1] != k:
@@ -269,7 +261,7 @@ def weight_int8pack_mm(x, w, scales, *, bias=None, out=None, num_threads=None):
     >>> qkern.weight_int8pack_mm(x, w, np.array([0.5, 1.0], dtype=np.float32))
     array([[-1., 12.]], dtype=float32)
     """
-    x = _check_array("x", x)
+    x = check_array("x", x)
     dtype_name(x.dtype)
     w = check_int8_weight(w)
     n, k = w.shape
@@ -332,7 +324,7 @@ class WoqLinear:
         if not isinstance(w, PackedWeight):
             w = check_int8_weight(w)
         n, k = w.shape
-        scales = _check_array("scales", scales, 1)
+        scales = check_array("scales", scales, 1)
         self.dtype = np.dtype(scales.dtype)
         dtype_name(self.dtype, "scales")
         scales = _check_vector("scales", scales, n, self.dtype)
@@ -452,7 +444,7 @@ class WoqLinear:
         tuning; every valid blocking gives the same bits, and one the
         kernel cannot take raises :class:`ValueError`.
         """
-        x = _check_array("x", x)
+        x = check_array("x", x)
         if x.dtype != self.dtype:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales), got {x.dtype}")
         m = math.prod(x.shape[:-1]) if x.ndim else 0
@@ -481,10 +473,8 @@ class WoqLinear:
         if not isinstance(state, dict) or set(state) - {"memory_budget"} != keys:
             raise TypeError("WoqLinear state: expected a dict with the keys weight, scales, "
                             f"bias, kernel (and memory_budget), got {state!r:.200}")
-        kernel = state["kernel"]
-        if not any(k.name == kernel and k.available for k in REGISTRY):
-            kernel = None
-        self.__init__(state["weight"], state["scales"], state["bias"], kernel=kernel,
+        self.__init__(state["weight"], state["scales"], state["bias"],
+                      kernel=runnable_here(state["kernel"]),
                       memory_budget=state.get("memory_budget", 0))
 
     def __repr__(self) -> str:

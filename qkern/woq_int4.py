@@ -15,9 +15,9 @@ import numpy as np
 
 from qkern import _cpu, _woq, tuning
 from qkern._dtypes import dtype_name
-from qkern.dispatch import INT4, Blocking, Kernel, choose_kernel, get_kernel
-from qkern.packing import aligned_empty, freeze
-from qkern.woq import _check_array, _check_threads, _check_vector, _padded_f32, run_rows
+from qkern.dispatch import INT4, Blocking, Kernel, choose_kernel, get_kernel, runnable_here
+from qkern.packing import aligned_empty, check_array, freeze
+from qkern.woq import _check_threads, _check_vector, _padded_f32, run_rows
 
 __all__ = ["GROUP_SIZES", "Int4Linear", "pack_int4", "quantize_int4", "unpack_int4",
            "weight_int4pack_mm"]
@@ -78,7 +78,7 @@ def quantize_int4(w, group_size: int):
     >>> q.shape, sz.shape, int(q.min()), int(q.max())
     ((1, 64), (2, 1, 2), 0, 15)
     """
-    w = _check_array("w", w, 2)
+    w = check_array("w", w, 2)
     dtype_name(w.dtype, "w")
     group_size = _check_group_size(group_size)
     n, k = w.shape
@@ -100,7 +100,7 @@ def quantize_int4(w, group_size: int):
 
 
 def _check_q(q) -> np.ndarray:
-    q = _check_array("q", q, 2)
+    q = check_array("q", q, 2)
     if not np.issubdtype(q.dtype, np.integer):
         raise TypeError(f"q: expected an integer dtype, got {q.dtype}")
     if q.size and (q.min() < 0 or q.max() > 15):
@@ -146,7 +146,7 @@ def pack_int4(q) -> np.ndarray:
 
 
 def _check_packed(w_packed, n: int | None = None) -> np.ndarray:
-    w_packed = _check_array("w_packed", w_packed, 3)
+    w_packed = check_array("w_packed", w_packed, 3)
     if w_packed.dtype != np.uint8:
         raise TypeError(f"w_packed: expected dtype uint8 (from qkern.pack_int4), "
                         f"got {w_packed.dtype}")
@@ -180,7 +180,7 @@ def unpack_int4(w_packed, n: int) -> np.ndarray:
 def _check_scales_and_zeros(sz, k: int, group_size: int, dtype) -> np.ndarray:
     """``sz`` checked against K, ``group_size`` and x's dtype, as given (not
     copied: an ``out`` is checked against the caller's memory)."""
-    sz = _check_array("scales_and_zeros", sz, 3)
+    sz = check_array("scales_and_zeros", sz, 3)
     if sz.dtype != dtype:
         raise TypeError(f"scales_and_zeros: expected dtype {np.dtype(dtype)} (the dtype of x), "
                         f"got {sz.dtype}")
@@ -247,7 +247,7 @@ def weight_int4pack_mm(x, w_packed, group_size, scales_and_zeros, *, bias=None, 
     >>> y.shape, bool(np.allclose(y, w.sum(axis=1), atol=0.2))
     ((1, 2), True)
     """
-    x = _check_array("x", x)
+    x = check_array("x", x)
     dtype_name(x.dtype)
     group_size = _check_group_size(group_size)
     w_packed = _check_packed(w_packed)
@@ -302,7 +302,7 @@ class Int4Linear:
         w_packed = _check_packed(w_packed)
         k = w_packed.shape[1]
         _check_k(k, self.group_size)
-        sz = _check_array("scales_and_zeros", scales_and_zeros, 3)
+        sz = check_array("scales_and_zeros", scales_and_zeros, 3)
         self.dtype = np.dtype(sz.dtype)
         dtype_name(self.dtype, "scales_and_zeros")
         sz = _check_scales_and_zeros(sz, k, self.group_size, self.dtype)
@@ -383,7 +383,7 @@ class Int4Linear:
     def __call__(self, x, *, out=None, num_threads=None):
         """Apply the layer to ``x`` of shape ``(..., K)`` and dtype :attr:`dtype`;
         ``out`` and ``num_threads`` as in :func:`weight_int4pack_mm`."""
-        x = _check_array("x", x)
+        x = check_array("x", x)
         if x.dtype != self.dtype:
             raise TypeError(f"x: expected dtype {self.dtype} (the dtype of scales_and_zeros), "
                             f"got {x.dtype}")
@@ -407,13 +407,8 @@ class Int4Linear:
         if not isinstance(state, dict) or set(state) != keys:
             raise TypeError(f"Int4Linear state: expected a dict with the keys {sorted(keys)}, "
                             f"got {state!r:.200}")
-        kernel = state["kernel"]
-        try:
-            get_kernel(kernel) if kernel is not None else None
-        except ValueError:
-            kernel = None
         self.__init__(state["w_packed"], state["group_size"], state["scales_and_zeros"],
-                      state["bias"], kernel=kernel)
+                      state["bias"], kernel=runnable_here(state["kernel"]))
 
     def __repr__(self) -> str:
         n, k = self._shape

@@ -503,3 +503,27 @@ def test_unpacked_kernel_only_where_packing_would_dominate():
                        key=lambda k: (-(-m // k.mr), k.mr), default=None)
             fits = want is not None and m <= dispatch.UNPACKED_CALLS[want.isa] * want.mr
             assert (kern == want if fits else kern.kind != "unpacked"), (name, m, kern.name)
+
+
+def test_a_pickled_layer_whose_forced_kernel_this_machine_lacks_takes_the_static_choice():
+    for k in qkern.kernels():
+        assert dispatch.runnable_here(k.name) == (k.name if k.available else None)
+    assert dispatch.runnable_here("no_such_kernel") is None
+    assert dispatch.runnable_here(None) is None
+    rng = np.random.default_rng(11)
+    w = rng.integers(-128, 128, (40, 96), dtype=np.int8)
+    s = rng.uniform(0.01, 0.02, 40).astype(np.float32)
+    wf = rng.standard_normal((40, 128)).astype(np.float32)
+    layers = [(qkern.WoqLinear(w, s, kernel="f32_gemm_4x16c1__ref"), qkern.WoqLinear(w, s), 96),
+              (qkern.Int4Linear.from_float(wf, 64, kernel="f32_qb4w_gemm_4x32c1__ref"),
+               qkern.Int4Linear.from_float(wf, 64), 128)]
+    for forced, static, k in layers:
+        state = forced.__getstate__()
+        assert state["kernel"] is not None
+        state["kernel"] = "no_such_kernel"  # as a kernel of another CPU reads here
+        clone = type(forced).__new__(type(forced))
+        clone.__setstate__(state)
+        assert clone._forced is None
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        assert clone(x).tobytes() == static(x).tobytes()
+        assert repr(clone) == repr(static)
