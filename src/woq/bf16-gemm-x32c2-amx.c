@@ -178,24 +178,14 @@ QK_INLINE void amx_body(const int PREWIDENED, const qk_dtype DT, size_t mr, size
 }
 
 /* The two kernels differ only in where B comes from. */
+#define AMX_BODY(PREWIDENED, DT)                                                                \
+  amx_body(PREWIDENED, DT, mr, nc, kc, (const char*)a, w, w_panel_stride, (char*)widen_to, acc, \
+           first, last, scale, bias, c, c_stride)
 #define AMX_KBLOCK(NAME, PREWIDENED)                                                      \
   void NAME(size_t mr, size_t nc, size_t kc, const void* a, qk_dtype dt, const int8_t* w, \
             size_t w_panel_stride, void* widen_to, float* acc, int first, int last,       \
             const float* scale, const float* bias, void* c, ptrdiff_t c_stride) {         \
-    switch (dt) {                                                                         \
-      case QK_F32:                                                                        \
-        amx_body(PREWIDENED, QK_F32, mr, nc, kc, (const char*)a, w, w_panel_stride,       \
-                 (char*)widen_to, acc, first, last, scale, bias, c, c_stride);            \
-        break;                                                                            \
-      case QK_F16:                                                                        \
-        amx_body(PREWIDENED, QK_F16, mr, nc, kc, (const char*)a, w, w_panel_stride,       \
-                 (char*)widen_to, acc, first, last, scale, bias, c, c_stride);            \
-        break;                                                                            \
-      case QK_BF16:                                                                       \
-        amx_body(PREWIDENED, QK_BF16, mr, nc, kc, (const char*)a, w, w_panel_stride,      \
-                 (char*)widen_to, acc, first, last, scale, bias, c, c_stride);            \
-        break;                                                                            \
-    }                                                                                     \
+    QK_DTYPE_SWITCH(AMX_BODY, PREWIDENED)                                                 \
   }
 
 AMX_KBLOCK(qk_woq_bf16_gemm_kblock_32x32c2__amx, 0)

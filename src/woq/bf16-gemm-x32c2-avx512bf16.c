@@ -111,14 +111,9 @@ QK_INLINE void bf16_rows(const size_t MR, const size_t WB, size_t nc, size_t kc,
     ar[i] = (const char*)a[i];
     cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
   }
-  const size_t P = MR == 1 ? 4 : MR <= 3 ? 2 : 1, panels = (nc + 31) / 32;
-  size_t p = 0;
-  for (; p + P <= panels; p += P) bf16_panels(MR, P, WB, p, nc, kc, ar, cr, w, scale, bias);
-  if (P == 4 && p + 2 <= panels) {
-    bf16_panels(MR, 2, WB, p, nc, kc, ar, cr, w, scale, bias);
-    p += 2;
-  }
-  if (p < panels) bf16_panels(MR, 1, WB, p, nc, kc, ar, cr, w, scale, bias);
+#define BF16_PANELS(P, p) bf16_panels(MR, P, WB, p, nc, kc, ar, cr, w, scale, bias)
+  QK_X32_PANEL_STEPS(MR, nc, BF16_PANELS);
+#undef BF16_PANELS
 }
 
 #define bf16_gemm_x32c2(R, DT, ...) bf16_rows(R, 1, __VA_ARGS__)

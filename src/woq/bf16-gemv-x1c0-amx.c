@@ -166,11 +166,9 @@ QK_INLINE void gemv(const int STACKED, size_t mr, size_t nc, size_t kc, const vo
                     qk_dtype dt, const int8_t* w, const float* scale, const float* bias, void* c,
                     ptrdiff_t c_stride) {
   const char* xt = (const char*)a[0];
-  switch (dt) {
-    case QK_F32: gemv_body(STACKED, QK_F32, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
-    case QK_F16: gemv_body(STACKED, QK_F16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
-    case QK_BF16: gemv_body(STACKED, QK_BF16, mr, nc, kc, xt, w, scale, bias, c, c_stride); break;
-  }
+#define GEMV_BODY(STACKED, DT) gemv_body(STACKED, DT, mr, nc, kc, xt, w, scale, bias, c, c_stride)
+  QK_DTYPE_SWITCH(GEMV_BODY, STACKED)
+#undef GEMV_BODY
 }
 
 void qk_woq_bf16_gemv_ukernel_8x1c0__amx(size_t mr, size_t nc, size_t kc, const void* const* a,

@@ -41,15 +41,10 @@ QK_INLINE void qb4w_rows(const size_t MR, const qk_dtype DT, size_t nc, size_t k
                          size_t sz_stride, const float* bias, void* c, ptrdiff_t c_stride) {
   char* cr[8];
   for (size_t i = 0; i < MR; i++) cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
-  const size_t P = MR == 1 ? 4 : MR <= 3 ? 2 : 1, panels = (nc + 31) / 32;
-  size_t p = 0;
-  for (; p + P <= panels; p += P)
-    qb4w_panels(MR, P, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
-  if (P == 4 && p + 2 <= panels) {
-    qb4w_panels(MR, 2, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
-    p += 2;
-  }
-  if (p < panels) qb4w_panels(MR, 1, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias);
+#define QB4W_PANELS(P, p) \
+  qb4w_panels(MR, P, DT, p, nc, kc, group_size, a, cr, w, sz, sz_stride, bias)
+  QK_X32_PANEL_STEPS(MR, nc, QB4W_PANELS);
+#undef QB4W_PANELS
 }
 
 #endif /* QKERN_QB4W_ROWS_AVX512_H */

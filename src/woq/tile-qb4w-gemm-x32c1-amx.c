@@ -158,28 +158,15 @@ QK_INLINE void tile_body(const int PREWIDENED, const qk_dtype DT, size_t mr, siz
 }
 
 /* The two kernels differ only in where B comes from. */
+#define TILE_BODY(PREWIDENED, DT)                                                     \
+  tile_body(PREWIDENED, DT, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w, \
+            w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c, c_stride)
 #define TILE_QB4W_KBLOCK(NAME, PREWIDENED)                                                        \
   void NAME(size_t mr, size_t nc, size_t kc, size_t group_size, const void* a, const float* xs,   \
             size_t xs_stride, qk_dtype dt, const uint8_t* w, size_t w_panel_stride,               \
             const void* sz, size_t sz_stride, float* acc, int first, int last, const float* bias, \
             void* c, ptrdiff_t c_stride) {                                                        \
-    switch (dt) {                                                                                 \
-      case QK_F32:                                                                                \
-        tile_body(PREWIDENED, QK_F32, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w,   \
-                  w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c,          \
-                  c_stride);                                                                      \
-        break;                                                                                    \
-      case QK_F16:                                                                                \
-        tile_body(PREWIDENED, QK_F16, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w,   \
-                  w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c,          \
-                  c_stride);                                                                      \
-        break;                                                                                    \
-      case QK_BF16:                                                                               \
-        tile_body(PREWIDENED, QK_BF16, mr, nc, kc, group_size, (const char*)a, xs, xs_stride, w,  \
-                  w_panel_stride, (const char*)sz, sz_stride, acc, first, last, bias, c,          \
-                  c_stride);                                                                      \
-        break;                                                                                    \
-    }                                                                                             \
+    QK_DTYPE_SWITCH(TILE_BODY, PREWIDENED)                                                        \
   }
 
 TILE_QB4W_KBLOCK(qk_woq_tile_qb4w_gemm_kblock_32x32c1__amx, 0)

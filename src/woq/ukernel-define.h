@@ -70,6 +70,24 @@ QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_
   }
 }
 
+/* The panels of 32 columns of nc for MR rows, walked P at a time, P = 4
+ * for one row, 2 for two or three, else 1 (so that eight or more
+ * independent chains of sums hide the latency of the instruction that
+ * accumulates them), then the last two and one: CALL(P, p) runs P panels
+ * (a compile-time constant) from panel p. */
+#define QK_X32_PANEL_STEPS(MR, nc, CALL)                             \
+  do {                                                               \
+    const size_t qk_P = (MR) == 1 ? 4 : (MR) <= 3 ? 2 : 1;           \
+    const size_t qk_panels = ((nc) + 31) / 32;                       \
+    size_t qk_p = 0;                                                 \
+    for (; qk_p + qk_P <= qk_panels; qk_p += qk_P) CALL(qk_P, qk_p); \
+    if (qk_P == 4 && qk_p + 2 <= qk_panels) {                        \
+      CALL(2, qk_p);                                                 \
+      qk_p += 2;                                                     \
+    }                                                                \
+    if (qk_p < qk_panels) CALL(1, qk_p);                             \
+  } while (0)
+
 #define QK_UKERNEL_PARAMS                                                              \
   size_t mr, size_t nc, size_t kc, const void *const *a, qk_dtype dt, const int8_t *w, \
       const float *scale, const float *bias, void *c, ptrdiff_t c_stride
@@ -97,13 +115,13 @@ QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_
     default: ROWS(MR, DT, __VA_ARGS__);        \
   }
 
-/* switch (dt) calling SWITCH(ROWS, MR, DT) with DT, a compile-time
- * constant, for each x dtype. */
-#define QK_DTYPE_SWITCH(SWITCH, ROWS, MR)          \
-  switch (dt) {                                    \
-    case QK_F32: SWITCH(ROWS, MR, QK_F32) break;   \
-    case QK_F16: SWITCH(ROWS, MR, QK_F16) break;   \
-    case QK_BF16: SWITCH(ROWS, MR, QK_BF16) break; \
+/* switch (dt) calling CALL(..., DT) with DT, a compile-time constant, for
+ * each x dtype. */
+#define QK_DTYPE_SWITCH(CALL, ...)                   \
+  switch (dt) {                                      \
+    case QK_F32: CALL(__VA_ARGS__, QK_F32); break;   \
+    case QK_F16: CALL(__VA_ARGS__, QK_F16); break;   \
+    case QK_BF16: CALL(__VA_ARGS__, QK_BF16); break; \
   }
 
 /* An MR-row kernel (qk_woq_ukernel_fn) for all x dtypes whose body
