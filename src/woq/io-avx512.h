@@ -87,7 +87,7 @@ QK_INLINE __mmask16 qk512_mask(size_t count) {
   return count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1u);
 }
 
-/* The same for the first `count` of 32 16-bit lanes. */
+/* The same for the first `count` of 32 lanes (bytes or words). */
 QK_INLINE __mmask32 qk512_mask32(size_t count) {
   return count >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << count) - 1;
 }

@@ -45,13 +45,14 @@ static const float qk512_qb4w_f32_of_q[16]
     __attribute__((aligned(64))) = {0.0f, 1.0f, 2.0f,  3.0f,  4.0f,  5.0f,  6.0f,  7.0f,
                                     8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f};
 
-/* The 16-byte packed int4 row at row -> f32 vectors of columns 0..15 (*q0,
- * its low nibbles) and 16..31 (*q1): a zero-extension to dwords, then a
- * lookup in table (qk512_qb4w_f32_of_q, loaded) for the low nibbles (no
- * AND, no conversion) and a conversion of the high nibbles, shifted down,
- * or (WHOLE_BYTES) of the whole bytes, 16 q1 + q0, from whose sums the
- * f32_qb4w kernels take the low nibbles' (a second lookup ran slower on a
- * Zen 4: the two kinds of instruction share out the vector ports). */
+/* The 16-byte packed int4 row at row -> f32 vectors *q0, its low nibbles
+ * (columns 0..15), and *q1, its high nibbles (columns 16..31) or, if
+ * WHOLE_BYTES, its whole bytes (16 high + low, from whose sums the
+ * f32_qb4w kernels take the low nibbles'): a zero-extension to dwords,
+ * then a lookup in table (qk512_qb4w_f32_of_q, loaded) for the low nibbles
+ * (no AND, no conversion) and a conversion of the bytes, shifted down by 4
+ * unless WHOLE_BYTES (a second lookup ran slower on a Zen 4: the two kinds
+ * of instruction share out the vector ports). */
 QK_INLINE void qk512_qb4w_widen_f32(const int WHOLE_BYTES, const uint8_t* row, __m512 table,
                                     __m512* q0, __m512* q1) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)row));
