@@ -34,8 +34,9 @@
  *
  * Widened layout (kernels with a widen function): the same values widened
  * to bf16 (the AMX and bf16w kernels) or f32 (the f32w kernels),
- * widened_bytes each, in the same order, the k-groups of each panel padded with zeros to a
- * multiple of 16 (one AMX tile of k-groups): a panel is
+ * widened_bytes each, in the same order, the k-groups of each panel
+ * padded with zeros to a multiple of 16 (one AMX tile of k-groups): a
+ * panel is
  * roundup(Kp/kr, 16) * nr * kr * widened_bytes bytes.  The driver widens a
  * chunk at a time into a per-thread buffer; a caller may instead widen the
  * whole weight once (qk_woq_widen_weight(): every panel, the partial last

@@ -54,9 +54,8 @@ QK_INLINE void narrow_x32(const size_t MR, const float* const* ar, size_t k, uin
   const __m512i high = _mm512_load_si512(qk512_high_halves);
 #pragma GCC unroll 8
   for (size_t i = 0; i < MR; i++)
-    _mm512_store_si512(
-        xb[i], _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_loadu_ps(ar[i] + k)), high,
-                                         _mm512_castps_si512(_mm512_loadu_ps(ar[i] + k + 16))));
+    _mm512_store_si512(xb[i], qk512_high_halves_of(_mm512_loadu_ps(ar[i] + k),
+                                                   _mm512_loadu_ps(ar[i] + k + 16), high));
 }
 
 /* One pair k, k + 1 (the j-th of the current 32 k) of GS groups: per

@@ -27,8 +27,8 @@ typedef float gemv_x;
 /* 16 int8 of a weight row from k as f32: all 16, or (MASKED) those that
  * mask selects. */
 QK_INLINE __m512 load_w(const int MASKED, const int8_t* row, size_t k, __mmask16 mask) {
-  if (!MASKED) return qk512_i8_to_f32(row + k);
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row + k)));
+  return qk512_i8x16_to_f32(MASKED ? _mm_maskz_loadu_epi8(mask, row + k)
+                                   : _mm_loadu_si128((const __m128i*)(row + k)));
 }
 
 /* One step of 16 k for R rows and C columns: acc[i][j] += x_i[k..] *

@@ -32,9 +32,14 @@ QK_INLINE __m512 qk512_broadcast(const float* p) {
   return _mm512_castsi512_ps(_mm512_set1_epi32(bits));
 }
 
+/* 16 int8 in q -> 16 f32 (exact). */
+QK_INLINE __m512 qk512_i8x16_to_f32(__m128i q) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
 /* 16 int8 at p -> 16 f32 (exact). */
 QK_INLINE __m512 qk512_i8_to_f32(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  return qk512_i8x16_to_f32(_mm_loadu_si128((const __m128i*)p));
 }
 
 /* Word indices of the high halves of the 32 f32 lanes of two vectors. */
@@ -42,12 +47,16 @@ static const uint16_t qk512_high_halves[32]
     __attribute__((aligned(64))) = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
 
-/* 32 int8 at p -> 32 bf16 in order: the high half of each exact f32, which
- * is exact as |w| <= 128 has at most 8 significant bits.  idx is
- * _mm512_load_si512(qk512_high_halves). */
+/* The high halves of the f32 in lo then hi: 32 bf16 in order, exact when
+ * each f32 holds a bf16 value (an integer |w| <= 128 has at most 8
+ * significant bits).  idx is _mm512_load_si512(qk512_high_halves). */
+QK_INLINE __m512i qk512_high_halves_of(__m512 lo, __m512 hi, __m512i idx) {
+  return _mm512_permutex2var_epi16(_mm512_castps_si512(lo), idx, _mm512_castps_si512(hi));
+}
+
+/* 32 int8 at p -> 32 bf16 in order (qk512_high_halves_of). */
 QK_INLINE __m512i qk512_i8_to_bf16(const int8_t* p, __m512i idx) {
-  return _mm512_permutex2var_epi16(_mm512_castps_si512(qk512_i8_to_f32(p)), idx,
-                                   _mm512_castps_si512(qk512_i8_to_f32(p + 16)));
+  return qk512_high_halves_of(qk512_i8_to_f32(p), qk512_i8_to_f32(p + 16), idx);
 }
 
 /* The same for the int8 at p that mask selects, zero elsewhere (nothing
@@ -55,9 +64,7 @@ QK_INLINE __m512i qk512_i8_to_bf16(const int8_t* p, __m512i idx) {
 QK_INLINE __m512i qk512_i8_to_bf16_masked(const int8_t* p, __mmask32 mask, __m512i idx) {
   const __m128i lo = _mm_maskz_loadu_epi8((__mmask16)mask, p);
   const __m128i hi = _mm_maskz_loadu_epi8((__mmask16)(mask >> 16), p + 16);
-  return _mm512_permutex2var_epi16(
-      _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))), idx,
-      _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
+  return qk512_high_halves_of(qk512_i8x16_to_f32(lo), qk512_i8x16_to_f32(hi), idx);
 }
 
 /* One k-group of a packed x32c2 panel, 64 int8 at src, -> its 64 values in
