@@ -112,7 +112,7 @@ QK_INLINE void bf16_rows(const size_t MR, const size_t WB, size_t nc, size_t kc,
     cr[i] = (char*)c + (ptrdiff_t)i * c_stride;
   }
 #define BF16_PANELS(P, p) bf16_panels(MR, P, WB, p, nc, kc, ar, cr, w, scale, bias)
-  QK_X32_PANEL_STEPS(MR, nc, BF16_PANELS);
+  QK_X32_PANEL_STEPS(MR, 3, nc, BF16_PANELS);
 #undef BF16_PANELS
 }
 

@@ -16,7 +16,7 @@
  * z' = fma(-8, s, z) read from scales_and_zeros in y's dtype (masked:
  * nothing beyond column nc).  The body is specialised for each mr in 1..8,
  * so no FMA is spent on a missing row; one row runs four panels at once and
- * two or three rows two, so that eight or more independent FMA chains hide
+ * two to four rows two, so that eight or more independent FMA chains hide
  * the FMA latency; with fewer panels in the call (one per chunk at large
  * K), as many groups run side by side (their sums are independent
  * chains).  Four k per step: one 64-byte line of each panel and group, one

@@ -71,21 +71,21 @@ QK_INLINE void qk_row_pointers(size_t R, const void* const* a, void* c, ptrdiff_
 }
 
 /* The panels of 32 columns of nc for MR rows, walked P at a time, P = 4
- * for one row, 2 for two or three, else 1 (so that eight or more
- * independent chains of sums hide the latency of the instruction that
+ * for one row, 2 for two to TWO_PANEL_ROWS rows, else 1 (so that eight or
+ * more independent chains of sums hide the latency of the instruction that
  * accumulates them), then the last two and one: CALL(P, p) runs P panels
  * (a compile-time constant) from panel p. */
-#define QK_X32_PANEL_STEPS(MR, nc, CALL)                             \
-  do {                                                               \
-    const size_t qk_P = (MR) == 1 ? 4 : (MR) <= 3 ? 2 : 1;           \
-    const size_t qk_panels = ((nc) + 31) / 32;                       \
-    size_t qk_p = 0;                                                 \
-    for (; qk_p + qk_P <= qk_panels; qk_p += qk_P) CALL(qk_P, qk_p); \
-    if (qk_P == 4 && qk_p + 2 <= qk_panels) {                        \
-      CALL(2, qk_p);                                                 \
-      qk_p += 2;                                                     \
-    }                                                                \
-    if (qk_p < qk_panels) CALL(1, qk_p);                             \
+#define QK_X32_PANEL_STEPS(MR, TWO_PANEL_ROWS, nc, CALL)                  \
+  do {                                                                    \
+    const size_t qk_P = (MR) == 1 ? 4 : (MR) <= (TWO_PANEL_ROWS) ? 2 : 1; \
+    const size_t qk_panels = ((nc) + 31) / 32;                            \
+    size_t qk_p = 0;                                                      \
+    for (; qk_p + qk_P <= qk_panels; qk_p += qk_P) CALL(qk_P, qk_p);      \
+    if (qk_P == 4 && qk_p + 2 <= qk_panels) {                             \
+      CALL(2, qk_p);                                                      \
+      qk_p += 2;                                                          \
+    }                                                                     \
+    if (qk_p < qk_panels) CALL(1, qk_p);                                  \
   } while (0)
 
 #define QK_UKERNEL_PARAMS                                                              \
