@@ -44,6 +44,18 @@ def _no_runtime_peers_under_asan(monkeypatch):
                             lambda: {"openvino": None, "onnxruntime": None})
 
 
+def woq_bound_traits(dtype) -> dict:
+    """The arguments of the int8 bound (tests/reference.py) that cover every
+    int8 kernel this process may run for activations of ``dtype``: ``daz``
+    where one flushes subnormals, ``planes`` the most bf16 planes one splits
+    x into."""
+    dtype = np.dtype(dtype)
+    kernels = [k for k in qkern.kernels()
+               if k.available and dtype.name in k.dtypes and k.weight_format == qkern.dispatch.INT8]
+    return {"daz": any(k.flushes_subnormals for k in kernels),
+            "planes": max(k.planes(dtype) for k in kernels)}
+
+
 def int4_bound_traits(x, n: int) -> dict:
     """The arguments of the int4 bound (tests/reference.py) that cover the
     int4 call on activations ``x``: ``daz`` where a kernel this process may

@@ -22,7 +22,8 @@ enough: every product has <= 24 + 8 significant bits and K is small).
 5. vdpbf16ps and AMX tdpbf16ps (kernels named bf16*) treat subnormal bf16
    inputs as zero and flush subnormal results (DAZ/FTZ): each of the K
    products loses at most 2**-126 * 128 and each of the <= K steps at most
-   2**-126, i.e. an absolute K * 129 * 2**-126 * |s| more.
+   2**-126, i.e. an absolute (1 + gamma_{K+2}) K * 129 * 2**-126 * |s| more
+   (carried through the later roundings).
 
 A sum within its error bound of zero (|sum| <= gamma_{K+1} S, plus
 K * 129 * 2**-126 for those kernels) may come out as exactly 0: by
@@ -120,7 +121,8 @@ def woq_bound(x, w, scales, bias, dtype, daz: bool, planes: int = 1):
     s = np.abs(np.asarray(scales).astype(np.float64))
     big_s, gamma = _abs_sum(x, w, planes)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
-    daz_term = k * 129 * 2.0**-126 * s if daz else 0.0
+    gamma_k2 = (k + 2) * U32 / (1 - (k + 2) * U32)
+    daz_term = (1 + gamma_k2) * k * 129 * 2.0**-126 * s if daz else 0.0
     e32 = ((gamma + 2 * U32) * s * big_s + U32 * b + daz_term) * (1 + 4 * U32)
     y_abs = np.abs(woq_reference(x, w, scales, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
@@ -152,6 +154,15 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
     # bring back to a finite value
     assert not (np.isinf(ref) & np.isfinite(y64)).any(), \
         "a finite number where the reference is infinite"
+    _assert_numbers_within(y64, ref, tol, overflow, dtype)
+
+
+def _assert_numbers_within(y64, ref, tol, overflow, dtype):
+    """y64's numbers within ``tol`` of ``ref`` where that is not NaN; an
+    infinity only where an fp32 intermediate may overflow or the exact
+    result is infinite or within the bound of the dtype's overflow
+    threshold, with its sign where the bound fixes that sign."""
+    ref_nan = np.isnan(ref)
     finite = np.isfinite(y64) & ~ref_nan
     err = np.abs(y64[finite] - ref[finite])
     bad = err > tol[finite]
@@ -160,8 +171,6 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
         f"{(err - tol[finite]).max():.3g}, at ref {ref[finite][np.argmax(err - tol[finite])]!r}")
     inf = np.isinf(y64) & ~ref_nan & ~overflow
     if inf.any():
-        # An infinite reference, or an overflow the bound allows, with the
-        # reference's sign where the bound fixes that sign.
         ref_inf, tol_inf = ref[inf], tol[inf]
         with np.errstate(invalid="ignore"):
             reachable = np.isinf(ref_inf) | (np.abs(ref_inf) + tol_inf >= MAX_FINITE[dtype])
@@ -181,13 +190,15 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 # (relative u), then 2G FMAs acc = fma(p, s, acc), acc = fma(xs, z', acc),
 # each rounding once; then + b (one rounding) and the rounding to dtype.
 # Each term passes through at most g + 2G + 1 roundings, so
-#   |v - y*| <= gamma_{g + 2G + 2} * (T + |b|) + (2G + 1) 2**-150,
+#   |v - y*| <= gamma_{g + 2G + 2} * (T + |b|)
+#               + (1 + gamma_{g + 2G + 2}) (2G + 1) 2**-150,
 #   T = sum_grp (|s| sum_k |x_k| q_k + |z'| sum_k |x_k|),
 # the last term for the 2G FMAs and the bias add, each of which may round
 # in fp32's subnormal range (absolute error up to half its spacing, 2**-150;
 # the products x_k q_k and the sums of them are multiples of x's spacing and
-# exact there). The final rounding adds u_out |v| and half a subnormal, as
-# for int8.
+# exact there), grown by the later roundings; each absolute term below
+# grows by the same factor. The final rounding adds u_out |v| and half a
+# subnormal, as for int8.
 # A kernel summing p with vdpbf16ps (bf16_qb4w, flushes_subnormals) takes
 # subnormal x_k as zero (each product then off by at most 15 * 2**-126) and
 # flushes a subnormal p (each of the g steps off by at most 2**-126 more):
@@ -219,6 +230,16 @@ def assert_woq_close(y, x, w, scales, bias=None, *, daz=False, planes=1):
 #               + 4 * 2**-150 * sum_k |x_k|,
 # the same T; the bound takes the larger step count of the two analyses
 # and both absolute terms, so that it covers either compute.
+# fp32 overflow of an intermediate (step 6 of the int8 analysis): every
+# partial sum of a group's p chain is at most sum |x_k| q_k (grown by the
+# planes' factor; sum |x_k| b_k for a chain of whole bytes), of xs at most
+# sum |x_k|, |z'| at most 8 |s| + |z|, |w^| at most q |s| + |z'|, and every
+# partial sum of acc, with the bias, at most T + |b|, each times (1 +
+# gamma) (1 + u) for its roundings.  Where one of these reaches the fp32
+# overflow threshold (`int4_may_overflow`) the result may be +-inf or NaN
+# (inf - inf, as when s p and z' xs overflow with opposite signs) whatever
+# y* is: a small scale against a large x overflows p where y* is finite.
+# A finite result still obeys the bound.
 
 
 def int4_dequantize(q, sz, group_size):
@@ -332,15 +353,11 @@ def int4_dequantized_model(x, q, sz, group_size, bias=None):
     return y.astype(x.dtype)
 
 
-def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1,
-               dequantized: bool = False, byte_sums: bool = False):
-    """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
-    kernel that flushes subnormals, ``planes``: bf16 planes per x,
-    ``dequantized``: for a kernel on dequantized weights too,
-    ``byte_sums``: for a kernel summing the high nibbles from byte sums)."""
-    dtype = np.dtype(dtype)
+def _int4_terms(x, q, sz, group_size, planes: int, byte_sums: bool):
+    """|x|, |s| and |z'| per group (groups, N), the planes' growth factor
+    and T (the analysis above; with each high nibble's q'/8 where
+    ``byte_sums``)."""
     x_abs = np.abs(np.asarray(x).astype(np.float64))
-    groups = np.asarray(sz).shape[0]
     s = np.abs(np.asarray(sz[..., 0]).astype(np.float64))
     zp = np.abs(np.asarray(sz[..., 1]).astype(np.float64) - 8 * np.asarray(sz[..., 0],
                                                                            np.float64))
@@ -351,34 +368,79 @@ def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int
     growth = 1 + 2.0**-7 + 2.0**-14 if planes > 1 else 1.0
     big_t = (growth * (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T)
              + x_abs @ np.repeat(zp.T, group_size, axis=1).T)
+    return x_abs, s, zp, growth, big_t
+
+
+def int4_may_overflow(x, q, sz, group_size, bias=None, planes: int = 1,
+                      byte_sums: bool = False):
+    """Where an fp32 intermediate of an int4 compute may overflow (the
+    analysis above): finite inputs, elementwise over the result."""
+    x_abs, s, zp, growth, big_t = _int4_terms(x, q, sz, group_size, planes, byte_sums)
+    q64 = np.asarray(q).astype(np.float64)
+    chained = q64.copy()  # what a p chain multiplies x_k by: b_k for a high nibble
+    if byte_sums:
+        high = np.arange(len(q64)) % 32 >= 16
+        chained[high] = 16 * q64[high] + q64[np.flatnonzero(high) - 16]
+    groups = len(s)
+    x_g = x_abs.reshape(*x_abs.shape[:-1], groups, group_size)
+    p_sums = np.einsum("...gk,ngk->...ng", x_g, chained.reshape(len(q64), groups, group_size))
+    p_max = growth * p_sums.max(axis=-1, initial=0.0)
+    xs_max = x_g.sum(axis=-1).max(axis=-1, initial=0.0)[..., None]
+    z_max = (8 * s + np.abs(np.asarray(sz[..., 1]).astype(np.float64))).max(axis=0, initial=0.0)
+    w_max = (15 * s + zp).max(axis=0, initial=0.0)
+    b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
+    steps = planes * group_size * groups + 2 * groups + 4
+    grown = (1 + steps * U32 / (1 - steps * U32)) * (1 + U32)
+    with np.errstate(over="ignore"):
+        largest = np.maximum.reduce([p_max, np.broadcast_to(xs_max, p_max.shape),
+                                     np.broadcast_to(np.maximum(z_max, w_max), p_max.shape),
+                                     big_t + b])
+        return largest * grown >= F32_MAX
+
+
+def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1,
+               dequantized: bool = False, byte_sums: bool = False):
+    """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
+    kernel that flushes subnormals, ``planes``: bf16 planes per x,
+    ``dequantized``: for a kernel on dequantized weights too,
+    ``byte_sums``: for a kernel summing the high nibbles from byte sums)."""
+    dtype = np.dtype(dtype)
+    x_abs, s, zp, growth, big_t = _int4_terms(x, q, sz, group_size, planes, byte_sums)
+    groups = len(s)
     steps = planes * group_size + 2 * groups + 2 + (1 if byte_sums else 0)
     k = groups * group_size
     if dequantized:
         steps = max(steps, k + 3)
     gamma = steps * U32 / (1 - steps * U32)
     b = 0.0 if bias is None else np.abs(np.asarray(bias).astype(np.float64))
-    e32 = gamma * (big_t + b) + (2 * groups + 1) * 2.0**-150
+    absolute = (2 * groups + 1) * 2.0**-150
     if byte_sums:
-        e32 = e32 + 2.0**-150 * s.sum(axis=0)
+        absolute = absolute + 2.0**-150 * s.sum(axis=0)
+    if daz:
+        absolute = absolute + 16 * planes * group_size * 2.0**-126 * s.sum(axis=0)
+    # each absolute error carried through the later roundings of acc
+    e32 = gamma * (big_t + b) + (1 + gamma) * absolute
     if dequantized:
         e32 = (e32 + (k + 1) * (1 + gamma) * 2.0**-150
                + 4 * 2.0**-150 * x_abs.sum(axis=-1, keepdims=True))
-    if daz:
-        e32 = e32 + 16 * planes * group_size * 2.0**-126 * s.sum(axis=0)
     y_abs = np.abs(int4_reference(x, q, sz, group_size, bias))
     return e32 + U_OUT[dtype] * (y_abs + e32) + HALF_MIN_SUBNORMAL[dtype]
 
 
 def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1,
                       dequantized=False, byte_sums=False):
-    """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*."""
+    """Assert finite inputs gave y (dtype of x) within `int4_bound` of y*:
+    NaN only where an fp32 intermediate may overflow (`int4_may_overflow`),
+    inf there or where y* is within the bound of the dtype's overflow
+    threshold."""
     dtype = np.dtype(np.asarray(x).dtype)
     assert y.dtype == dtype, (y.dtype, dtype)
+    finite_inputs = [x, sz] + ([] if bias is None else [bias])
+    assert all(np.isfinite(np.asarray(a).astype(np.float64)).all() for a in finite_inputs)
     ref = int4_reference(x, q, sz, group_size, bias)
     tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized, byte_sums)
+    overflow = int4_may_overflow(x, q, sz, group_size, bias, planes, byte_sums)
     assert y.shape == ref.shape, (y.shape, ref.shape)
-    err = np.abs(y.astype(np.float64) - ref)
-    bad = ~(err <= tol)  # NaN fails
-    assert not bad.any(), (
-        f"{bad.sum()} of {bad.size} elements outside the bound; worst excess "
-        f"{np.nanmax(err - tol):.3g}")
+    y64 = y.astype(np.float64)
+    assert not (np.isnan(y64) & ~overflow).any(), "NaN where no fp32 intermediate may overflow"
+    _assert_numbers_within(y64, ref, tol, overflow, dtype)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import qkern
+from conftest import woq_bound_traits
 from process_support import run_python
 from qkern.packing import PackedWeight
 from reference import BF16, DTYPES, U_OUT, woq_bound
@@ -218,7 +219,7 @@ def test_swapped_mlp_within_quantization_bound(dtype):
         b = layer.bias.detach().double().numpy()
         w_hat = q.astype(np.float64) * s64[:, None]
         assert (np.abs(w - w_hat) <= s64[:, None] / 2).all()
-        kernel = woq_bound(to_numpy(h_hat), q, s, b_hat, dtype, daz=dtype == BF16)
+        kernel = woq_bound(to_numpy(h_hat), q, s, b_hat, dtype, **woq_bound_traits(dtype))
         quant = np.abs(h).sum(axis=1, keepdims=True) * (s64 / 2)
         bound = bound @ np.abs(w_hat).T + quant + np.abs(b_hat64 - b) + kernel
         bound_q = bound_q @ np.abs(w_hat).T + kernel

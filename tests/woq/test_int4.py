@@ -25,6 +25,7 @@ from reference import (
     int4_byte_sums_model,
     int4_dequantize,
     int4_dequantized_model,
+    int4_may_overflow,
     int4_reference,
 )
 
@@ -146,15 +147,22 @@ def test_kernel_is_within_the_bound(kern, dtype):
 
 
 def test_the_bound_can_fail():
-    """Control: a result off by 1e-3 (more than the bound here; 1e-2 for
-    the larger bound of a kernel on dequantized weights), or one computed
-    without the zeros, is rejected."""
+    """Control: a NaN or an infinity where no intermediate nears overflow,
+    a result off by 1e-3 (more than the bound here; 1e-2 for the larger
+    bound of a kernel on dequantized weights), or one computed without the
+    zeros, is rejected."""
     rng = np.random.default_rng(1)
     x, q, sz, b = _problem(rng, 3, 40, 64, 32, np.float32)
     y = qkern.Int4Linear(qkern.pack_int4(q), 32, sz, b)(x)
     assert_int4_close(y, x, q, sz, 32, b, byte_sums=True)
     assert (int4_bound(x, q, sz, 32, b, np.float32, byte_sums=True) < 1e-3).all()
     assert (int4_bound(x, q, sz, 32, b, np.float32, dequantized=True) < 1e-2).all()
+    assert not int4_may_overflow(x, q, sz, 32, b, byte_sums=True).any()
+    for bad in (np.nan, np.inf):  # no intermediate near overflow: neither passes
+        y_bad = y.copy()
+        y_bad[0, 3] = bad
+        with pytest.raises(AssertionError, match="NaN where no|inf where the exact"):
+            assert_int4_close(y_bad, x, q, sz, 32, b, byte_sums=True)
     y[1, 7] += 1e-3
     with pytest.raises(AssertionError, match="outside the bound"):
         assert_int4_close(y, x, q, sz, 32, b, byte_sums=True)
@@ -269,6 +277,36 @@ def test_an_infinite_x_as_each_compute_documents(kern, dtype):
         assert (y[0] == -np.inf).all() and (y[1] == np.inf).all(), y
     else:
         assert np.isnan(y).all(), y
+
+
+@pytest.mark.parametrize("kern, dtype", [p for p in INT4_KERNEL_DTYPES
+                                         if p.values[1] != np.float16])
+@pytest.mark.parametrize("case", ["p overflows", "s p against z' xs"])
+def test_an_intermediate_that_overflows_as_each_compute_documents(kern, dtype, case):
+    """docs/int4.rst, "Error bound": finite inputs whose y* is finite (about
+    4.6e33 and 3.2e33) overflow the group sums' p (a small scale against a
+    large x) or s p and z' xs (opposite infinities: NaN) in the computes
+    with group sums; the kernel on dequantized weights multiplies x_k by
+    w_k and stays finite.  (float16 cannot hold such x.)"""
+    k = n = 32
+    sz = np.zeros((1, n, 2), np.float32)
+    if case == "p overflows":
+        x, q = np.full((1, k), 1e37, np.float32), np.full((n, k), 15, np.uint8)
+        sz[..., 0], sz[..., 1] = 2.0**-20, 8 * 2.0**-20
+    else:
+        x, q = np.full((1, k), 1e35, np.float32), np.full((n, k), 8, np.uint8)
+        sz[..., 0], sz[..., 1] = 1e3, 1e-3
+    x, sz = x.astype(dtype), sz.astype(dtype)
+    assert np.isfinite(int4_reference(x, q, sz, 32)).all()
+    traits = {"planes": kern.planes(dtype), "byte_sums": kern.sums_bytes}
+    assert int4_may_overflow(x, q, sz, 32, **traits).all()
+    y = _run_kernel(kern, x, q, sz, 32, None)
+    if kern.dequantizes:
+        assert np.isfinite(y.astype(np.float32)).all(), y
+    else:
+        assert not np.isfinite(y.astype(np.float32)).any(), y
+    assert_int4_close(y, x, q, sz, 32, daz=kern.flushes_subnormals,
+                      dequantized=kern.dequantizes, **traits)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

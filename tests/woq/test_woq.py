@@ -13,19 +13,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import qkern
+from conftest import woq_bound_traits
 from process_support import run_python
 from qkern.dispatch import INT8
 from qkern.packing import PackedWeight
 from reference import BF16, DTYPES, assert_woq_close, first_dtype, woq_reference
 
 DTYPE_IDS = [d.name for d in DTYPES]
-
-
-def _bound(dtype):
-    """assert_woq_close's kernel terms, covering every kernel the choice may make."""
-    cands = [k for k in qkern.kernels() if k.available and np.dtype(dtype).name in k.dtypes]
-    return {"daz": any(k.flushes_subnormals for k in cands),
-            "planes": max(k.planes(dtype) for k in cands)}
 
 
 def _values(rng, shape, dtype, magnitude):
@@ -68,7 +62,7 @@ def test_matches_reference(m, n, k, dtype, magnitude, w_kind, with_bias, functio
     else:
         y = qkern.WoqLinear(w, s, b)(x)
     assert y.shape == (m, n) and y.dtype == dtype
-    assert_woq_close(y, x, w, s, b, **_bound(dtype))
+    assert_woq_close(y, x, w, s, b, **woq_bound_traits(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -79,13 +73,13 @@ def test_batch_dims_and_large_m(dtype):
     s = rng.uniform(0.01, 0.02, 20).astype(dtype)
     y = qkern.weight_int8pack_mm(x, w, s)
     assert y.shape == (2, 3, 5, 20)
-    assert_woq_close(y.reshape(-1, 20), x.reshape(-1, 48), w, s, **_bound(dtype))
+    assert_woq_close(y.reshape(-1, 20), x.reshape(-1, 48), w, s, **woq_bound_traits(dtype))
     big = rng.standard_normal((100_000, 8)).astype(dtype)
     w = rng.integers(-128, 128, (3, 8), dtype=np.int8)
     s = np.ones(3, dtype=dtype)
     y = qkern.WoqLinear(w, s)(big)
     assert y.shape == (100_000, 3)
-    assert_woq_close(y, big, w, s, **_bound(dtype))
+    assert_woq_close(y, big, w, s, **woq_bound_traits(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -135,7 +129,7 @@ def test_out_argument(dtype):
     layer = qkern.WoqLinear(w, s, b)
     out2 = np.full((7, 9), np.nan, dtype=dtype)
     assert layer(x, out=out2) is out2
-    assert_woq_close(out2, x, w, s, b, **_bound(dtype))
+    assert_woq_close(out2, x, w, s, b, **woq_bound_traits(dtype))
 
 
 def test_empty_out_with_any_strides():
