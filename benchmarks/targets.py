@@ -6,16 +6,18 @@ rows, whether it is met, and the rows that miss it, worst first.
     python benchmarks/targets.py docs/figures/bench-avx512-zen4-2026-12-07.json
 
 Several files (a full run and an ``--int4-only`` one, say) are judged
-together, each row against the DRAM bandwidth of its own file's roofline.
-Rows come from Table 2 (``peers.py``: int8, the peers) and Table 4
-(``int4_peers.py``); a target whose rows the files lack says so. The
-functional op's target is not on the grid: ``woq_minof.py`` measures it.
-Every figure comes from the rows as written; nothing is timed here.
+together, each row against the roofline of its own file and paired only
+with rows of its own file. Rows come from Table 2 (``peers.py``: int8, the
+peers) and Table 4 (``int4_peers.py``); a target whose rows the files lack
+says so. The functional op's target is not on the grid: ``woq_minof.py``
+measures it. Every figure comes from the rows as written and the file's
+roofline; nothing is timed here.
 
-A row at M >= 64 is judged against the peak of its kernel's own
-instruction, the one its ``% roof`` counts: ``vfmadd231ps``, ``vdpbf16ps``
-(on a Zen 4 twice the flops of the FMA, so stricter than "the FMA peak")
-or ``tdpbf16ps``.
+At M >= 64 an int8 row is judged against the FMA peak of its kernel's
+vector width measured in the same run (``vfmadd231ps`` ymm for the AVX2
+kernels, zmm for the others, so a ``vdpbf16ps`` kernel, two multiply-adds
+per lane, can pass 100 %), an AMX row against ``tdpbf16ps``, each bf16
+plane of a float16 or float32 row counted (its ``% roof``).
 """
 
 from __future__ import annotations
@@ -41,59 +43,90 @@ class Figure(NamedTuple):
 
 
 class Target(NamedTuple):
-    """A target: its wording, how its figures come from the rows, and whether
-    each must reach its goal (``every``) or their median must."""
+    """A target: its wording, the unit of its figures, how they come from
+    the rows, whether each is a ceiling (``at_most``) rather than a floor,
+    and whether their median rather than each must meet it."""
 
     label: str
     unit: str
     figures: Callable[[list], list]
     at_most: bool = False
-    over: str = "every"
+    by_median: bool = False
 
     def holds(self, value: float, goal: float) -> bool:
         """Whether ``value`` meets ``goal`` (a value equal to it does)."""
         return value <= goal if self.at_most else value >= goal
 
 
+def _fma_peak_key(kernel: str) -> str:
+    """The roofline's FMA peak of ``kernel``'s vector width."""
+    return "vfmadd231ps ymm" if kernel.endswith("__avx2") else "vfmadd231ps zmm"
+
+
 def load(paths) -> list:
-    """The rows of every file in ``paths``, each int8 qkern row given its
-    ``pct_dram`` from its own file's median DRAM bandwidth."""
+    """The rows of every file in ``paths``, each tagged with its file's
+    index (``file``); each int8 qkern row gets ``pct_dram`` (weight bytes
+    over the file's median DRAM bandwidth) and ``pct_fma`` (GFLOP/s over
+    the file's median FMA peak of its kernel's vector width)."""
     rows = []
-    for path in paths:
+    for index, path in enumerate(paths):
         with open(path) as f:
             run = json.load(f)
-        bandwidth = {int(t): statistics.median(gbs)
-                     for t, gbs in run["roofline"]["bandwidth_gbs"].items()}
+        roof = run["roofline"]
+        bandwidth = {int(t): statistics.median(gbs) for t, gbs in roof["bandwidth_gbs"].items()}
+        peaks = {(name, int(t)): statistics.median(gflops)
+                 for name, by_threads in roof["peaks_gflops"].items()
+                 for t, gflops in by_threads.items()}
         for row in run["rows"]:
+            row = {**row, "file": index}
             if row["table"] == "peers" and row["name"].startswith("qkern "):
-                row = {**row, "pct_dram": 100 * row["weight_gbs"] / bandwidth[row["threads"]]}
+                peak = peaks.get((_fma_peak_key(row["kernel"]), row["threads"]))
+                row.update(pct_dram=100 * row["weight_gbs"] / bandwidth[row["threads"]],
+                           pct_fma=None if peak is None else 100 * row["gflops"] / peak)
             rows.append(row)
     return rows
 
 
 def _where(row) -> str:
+    """The problem of ``row``, as a miss names it."""
     return f"{row['N']}x{row['K']} M={row['M']} {row['dtype']}"
 
 
 def _named(rows, table: str, name: str) -> dict:
-    """``{(threads, M, N, K): row}`` of the rows of ``table`` named ``name``."""
-    return {(r["threads"], r["M"], r["N"], r["K"]): r for r in rows
+    """``{(file, threads, M, N, K): row}`` of the rows of ``table`` named ``name``."""
+    return {(r["file"], r["threads"], r["M"], r["N"], r["K"]): r for r in rows
             if r["table"] == table and r["name"] == name}
 
 
+def _qkern_int8(rows) -> list:
+    """The qkern rows of Table 2."""
+    return [r for r in rows if r["table"] == "peers" and r["name"].startswith("qkern ")]
+
+
+def _qkern_int4(rows) -> list:
+    """The qkern int4 rows of Table 4."""
+    return [r for r in rows if r["table"] == "int4" and r["name"].startswith("qkern int4 ")]
+
+
 def _int8_dram(rows) -> list:
-    return [Figure(r["threads"], _where(r), r["pct_dram"], 90) for r in rows
-            if r["table"] == "peers" and r["name"].startswith("qkern ") and r["M"] <= 4]
+    """int8, M <= 4: % of DRAM read, goal 90."""
+    return [Figure(r["threads"], _where(r), r["pct_dram"], 90)
+            for r in _qkern_int8(rows) if r["M"] <= 4]
 
 
 def _int8_peak(rows) -> list:
-    # the AMX kernels' roofline is tdpbf16ps, whose goal is 50 %
-    return [Figure(r["threads"], f"{_where(r)} {r['kernel']}", r["pct_roofline"],
-                   50 if r["kernel"].endswith("__amx") else 85) for r in rows
-            if r["table"] == "peers" and r["name"].startswith("qkern ") and r["M"] >= 64]
+    """int8, M >= 64: % of the FMA peak, goal 85; AMX % of tdpbf16ps, goal 50."""
+    out = []
+    for r in _qkern_int8(rows):
+        amx = r["kernel"].endswith("__amx")
+        if r["M"] >= 64 and (amx or r["pct_fma"] is not None):
+            out.append(Figure(r["threads"], f"{_where(r)} {r['kernel']}",
+                              r["pct_roofline"] if amx else r["pct_fma"], 50 if amx else 85))
+    return out
 
 
 def _avx2_dtypes(rows) -> list:
+    """int8, M >= 64 on AVX2: bfloat16 and float16 time over float32's, at most 1.05."""
     f32 = _named(rows, "peers", "qkern float32")
     out = []
     for dtype in ("bfloat16", "float16"):
@@ -105,61 +138,69 @@ def _avx2_dtypes(rows) -> list:
     return out
 
 
-def _slower_peer(rows, table: str, peer: str, ours: str, goal: Callable[[int], float | None]):
-    """Figures of ``peer``'s median over ``ours``'s on the same problem, where
-    ``goal(M)`` gives one."""
-    mine = _named(rows, table, ours)
+def _slower_peer(rows, table: str, peer: str, ours: Callable[[dict], str],
+                 goal: Callable[[int], float | None]) -> list:
+    """Figures of ``peer``'s median over the median of the qkern row named
+    ``ours(peer_row)`` on the same problem, where ``goal(M)`` gives one."""
     out = []
-    for key, r in _named(rows, table, peer).items():
-        base, g = mine.get(key), goal(r["M"])
+    for (file, threads, m, n, k), r in _named(rows, table, peer).items():
+        base = _named(rows, table, ours(r)).get((file, threads, m, n, k))
+        g = goal(m)
         if base is not None and g is not None:
-            out.append(Figure(r["threads"], _where(base), r["median_ms"] / base["median_ms"], g))
+            out.append(Figure(threads, _where(base), r["median_ms"] / base["median_ms"], g))
     return out
 
 
+def _peer(table: str, peer: str, ours: str, goal: Callable[[int], float | None]):
+    """The figures function of a target on one peer against one qkern row."""
+    return lambda rows: _slower_peer(rows, table, peer, lambda r: ours, goal)
+
+
 def _dense(rows) -> list:
-    dense = {r["name"] for r in rows if r["table"] == "peers"
-             and r["name"].startswith("torch.mm ") and r["name"].endswith(" dense")}
-    return [f for name in sorted(dense)
-            for f in _slower_peer(rows, "peers", name, f"qkern {name.split()[1]}",
+    """Dense torch.mm's time over qkern's in its dtype from M = 64, goal 1.0."""
+    names = sorted({r["name"] for r in rows if r["table"] == "peers"
+                    and r["name"].startswith("torch.mm ") and r["name"].endswith(" dense")})
+    return [f for name in names
+            for f in _slower_peer(rows, "peers", name, lambda r: f"qkern {r['dtype']}",
                                   lambda m: 1.0 if m >= 64 else None)]
 
 
 def _int4_dram(rows) -> list:
-    return [Figure(r["threads"], _where(r), r["pct_dram"], 85) for r in rows
-            if r["table"] == "int4" and r["name"].startswith("qkern int4 ") and r["M"] <= 4]
+    """int4, M <= 4: % of DRAM read (weight, scales and zeros), goal 85."""
+    return [Figure(r["threads"], _where(r), r["pct_dram"], 85)
+            for r in _qkern_int4(rows) if r["M"] <= 4]
 
 
 def _int4_vs_int8(rows) -> list:
-    return [Figure(r["threads"], _where(r), r["ratio_vs_int8"], 1.2) for r in rows
-            if r["table"] == "int4" and r["name"].startswith("qkern int4 ") and r["M"] >= 128]
+    """int4, M >= 128: time over int8's, at most 1.2."""
+    return [Figure(r["threads"], _where(r), r["ratio_vs_int8"], 1.2)
+            for r in _qkern_int4(rows) if r["M"] >= 128]
 
 
 TARGETS = (
     Target("int8, M <= 4: 90 % of DRAM read, every dtype", "% of DRAM", _int8_dram),
     Target("int8, M >= 64: 85 % of the FMA peak (AVX2, AVX-512), 50 % of tdpbf16ps (AMX)",
-           "% of its instruction's peak", _int8_peak),
+           "% of the peak", _int8_peak),
     Target("int8, M >= 64 on AVX2: bfloat16 and float16 within 1.05x of float32",
            "x float32's time", _avx2_dtypes, at_most=True),
     Target("OpenVINO int8 (float32): 1.0x everywhere, 1.3x at M <= 16",
            "x qkern float32's time",
-           lambda rows: _slower_peer(rows, "peers", "openvino int8 MatMul f32", "qkern float32",
-                                     lambda m: 1.3 if m <= 16 else 1.0)),
+           _peer("peers", "openvino int8 MatMul f32", "qkern float32",
+                 lambda m: 1.3 if m <= 16 else 1.0)),
     Target("2x torch._weight_int8pack_mm from M = 16", "x qkern bfloat16's time",
-           lambda rows: _slower_peer(rows, "peers", "torch._weight_int8pack_mm",
-                                     "qkern bfloat16", lambda m: 2.0 if m >= 16 else None)),
+           _peer("peers", "torch._weight_int8pack_mm", "qkern bfloat16",
+                 lambda m: 2.0 if m >= 16 else None)),
     Target("1.0x dense torch.mm from M = 64, same dtype", "x qkern's time", _dense),
     Target("int4, M <= 4: 85 % of DRAM read", "% of DRAM", _int4_dram),
     Target("int4, M >= 128: within 1.2x of int8", "x int8's time", _int4_vs_int8, at_most=True),
     Target("int4: 3x torch._weight_int4pack_mm_for_cpu on the grid's median",
            "x qkern int4 bfloat16's time",
-           lambda rows: _slower_peer(rows, "int4", "torch._weight_int4pack_mm_for_cpu",
-                                     "qkern int4 bfloat16", lambda m: 3.0),
-           over="median"),
+           _peer("int4", "torch._weight_int4pack_mm_for_cpu", "qkern int4 bfloat16",
+                 lambda m: 3.0),
+           by_median=True),
     Target("int4: 1.0x ONNX Runtime MatMulNBits accuracy_level 0 everywhere",
            "x qkern int4 float32's time",
-           lambda rows: _slower_peer(rows, "int4", "onnxruntime MatMulNBits4 acc0",
-                                     "qkern int4 float32", lambda m: 1.0)),
+           _peer("int4", "onnxruntime MatMulNBits4 acc0", "qkern int4 float32", lambda m: 1.0)),
 )
 
 
@@ -177,7 +218,7 @@ def verdict(target: Target, figures: list) -> str:
     values = [f.value for f in figures]
     count = f"{len(figures)} row{'s' if len(figures) > 1 else ''}"
     span = f"{_number(min(values))}-{_number(max(values))} {target.unit} over {count}"
-    if target.over == "median":
+    if target.by_median:
         middle = statistics.median(values)
         met = target.holds(middle, figures[0].goal)
         return f"{span}, median {_number(middle)}: {'met' if met else 'not met'}"
@@ -199,9 +240,9 @@ def report(rows) -> str:
         if not figures:
             lines.append("  no rows for it in these files")
         for threads in sorted({f.threads for f in figures}):
-            mine = [f for f in figures if f.threads == threads]
+            at_threads = [f for f in figures if f.threads == threads]
             lines.append(f"  {threads} thread{'s' if threads > 1 else ''}: "
-                         f"{verdict(target, mine)}")
+                         f"{verdict(target, at_threads)}")
     lines.append("the functional op within 1.2x of WoqLinear at M <= 8: not on the grid "
                  "(benchmarks/woq_minof.py --weights int8,int8-functional)")
     return "\n".join(lines)
