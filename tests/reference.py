@@ -237,9 +237,10 @@ def _assert_numbers_within(y64, ref, tol, overflow, dtype):
 # partial sum of acc, with the bias, at most T + |b|, each times (1 +
 # gamma) (1 + u) for its roundings.  Where one of these reaches the fp32
 # overflow threshold (`int4_may_overflow`) the result may be +-inf or NaN
-# (inf - inf, as when s p and z' xs overflow with opposite signs) whatever
-# y* is: a small scale against a large x overflows p where y* is finite.
-# A finite result still obeys the bound.
+# (inf - inf: a whole bytes' sum less its overflowed low nibbles' sum, or
+# two groups overflowing with opposite signs) whatever y* is: a small scale
+# against a large x overflows p where y* is finite.  A finite result still
+# obeys the bound.
 
 
 def int4_dequantize(q, sz, group_size):
@@ -436,7 +437,8 @@ def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1
     dtype = np.dtype(np.asarray(x).dtype)
     assert y.dtype == dtype, (y.dtype, dtype)
     finite_inputs = [x, sz] + ([] if bias is None else [bias])
-    assert all(np.isfinite(np.asarray(a).astype(np.float64)).all() for a in finite_inputs)
+    assert all(np.isfinite(np.asarray(a).astype(np.float64)).all() for a in finite_inputs), \
+        "assert_int4_close takes finite x, scales_and_zeros and bias"
     ref = int4_reference(x, q, sz, group_size, bias)
     tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized, byte_sums)
     overflow = int4_may_overflow(x, q, sz, group_size, bias, planes, byte_sums)

@@ -281,31 +281,46 @@ def test_an_infinite_x_as_each_compute_documents(kern, dtype):
 
 @pytest.mark.parametrize("kern, dtype", [p for p in INT4_KERNEL_DTYPES
                                          if p.values[1] != np.float16])
-@pytest.mark.parametrize("case", ["p overflows", "s p against z' xs"])
+@pytest.mark.parametrize("case", ["p", "s p", "whole bytes", "groups of opposite signs"])
 def test_an_intermediate_that_overflows_as_each_compute_documents(kern, dtype, case):
-    """docs/int4.rst, "Error bound": finite inputs whose y* is finite (about
-    4.6e33 and 3.2e33) overflow the group sums' p (a small scale against a
-    large x) or s p and z' xs (opposite infinities: NaN) in the computes
-    with group sums; the kernel on dequantized weights multiplies x_k by
-    w_k and stays finite.  (float16 cannot hold such x.)"""
-    k = n = 32
-    sz = np.zeros((1, n, 2), np.float32)
-    if case == "p overflows":
-        x, q = np.full((1, k), 1e37, np.float32), np.full((n, k), 15, np.uint8)
-        sz[..., 0], sz[..., 1] = 2.0**-20, 8 * 2.0**-20
-    else:
-        x, q = np.full((1, k), 1e35, np.float32), np.full((n, k), 8, np.uint8)
-        sz[..., 0], sz[..., 1] = 1e3, 1e-3
+    """docs/int4.rst, "Error bound": finite inputs whose y* is finite
+    overflow fp32 in the computes with group sums, column by column as the
+    order of the sums says: p (a small scale against a large x: +inf, and
+    NaN in f32_qb4w's high nibbles, whose whole bytes' sum less the
+    overflowed low nibbles' is inf - inf), s p (a large scale: +inf), the
+    whole bytes' sums alone (f32_qb4w's high nibbles: +inf; the other
+    computes finite), or two groups with opposite signs (NaN, where y* is
+    0); the kernel on dequantized weights stays finite.  int4_may_overflow
+    marks those columns.  (float16 cannot hold such x.)"""
+    n, x0, q0, s, z = 32, 1e37, 15, 2.0**-20, 8 * 2.0**-20
+    if case == "s p":
+        x0, q0, s, z = 1e35, 8, 1e3, 1e-3
+    elif case == "whole bytes":
+        x0 = 1e35
+    x = np.full((1, 32), x0, np.float32)
+    if case == "groups of opposite signs":
+        x = np.concatenate([x, -x], axis=1)
+    q = np.full((n, x.shape[1]), q0, np.uint8)
+    sz = np.empty((x.shape[1] // 32, n, 2), np.float32)
+    sz[..., 0], sz[..., 1] = s, z
     x, sz = x.astype(dtype), sz.astype(dtype)
     assert np.isfinite(int4_reference(x, q, sz, 32)).all()
     traits = {"planes": kern.planes(dtype), "byte_sums": kern.sums_bytes}
-    assert int4_may_overflow(x, q, sz, 32, **traits).all()
-    y = _run_kernel(kern, x, q, sz, 32, None)
+    high = np.arange(n) % 32 >= 16
+    overflows = high if case == "whole bytes" else np.ones(n, bool)
+    if case == "whole bytes" and not kern.sums_bytes:
+        overflows = np.zeros(n, bool)
+    assert (int4_may_overflow(x, q, sz, 32, **traits)[0] == overflows).all()
+    y = _run_kernel(kern, x, q, sz, 32, None).astype(np.float32)[0]
     if kern.dequantizes:
-        assert np.isfinite(y.astype(np.float32)).all(), y
+        assert np.isfinite(y).all(), y
     else:
-        assert not np.isfinite(y.astype(np.float32)).any(), y
-    assert_int4_close(y, x, q, sz, 32, daz=kern.flushes_subnormals,
+        nan = (high & kern.sums_bytes if case == "p"
+               else overflows if case == "groups of opposite signs" else np.zeros(n, bool))
+        assert (np.isnan(y) == nan).all(), y
+        assert (y[overflows & ~nan] == np.inf).all(), y
+        assert np.isfinite(y[~overflows]).all(), y
+    assert_int4_close(y.astype(dtype)[None], x, q, sz, 32, daz=kern.flushes_subnormals,
                       dequantized=kern.dequantizes, **traits)
 
 
