@@ -7,7 +7,8 @@ rows, whether it is met, and the rows that miss it, worst first.
 
 Several files (a full run and an ``--int4-only`` one, say) are judged
 together, each row against the roofline of its own file and paired only
-with rows of its own file. Rows come from Table 2 (``peers.py``: int8, the
+with rows of its own file; where more than one file gives a target rows,
+each file's figures get lines of their own. Rows come from Table 2 (``peers.py``: int8, the
 peers) and Table 4 (``int4_peers.py``); a target whose rows the files lack
 says so. The functional op's target is not on the grid: ``woq_minof.py``
 measures it. Every figure comes from the rows as written and the file's
@@ -34,8 +35,10 @@ WORST_NAMED = 3
 
 
 class Figure(NamedTuple):
-    """One row's figure for a target: ``value`` against ``goal``."""
+    """One row's figure for a target: ``value`` against ``goal``; ``file``
+    the index of the row's file."""
 
+    file: int
     threads: int
     where: str
     value: float
@@ -67,7 +70,8 @@ def load(paths) -> list:
     """The rows of every file in ``paths``, each tagged with its file's
     index (``file``); each int8 qkern row gets ``pct_dram`` (weight bytes
     over the file's median DRAM bandwidth) and ``pct_fma`` (GFLOP/s over
-    the file's median FMA peak of its kernel's vector width)."""
+    the file's median FMA peak of its kernel's vector width, None where the
+    file has no such peak: the row is then left out of that target)."""
     rows = []
     for index, path in enumerate(paths):
         with open(path) as f:
@@ -110,7 +114,7 @@ def _qkern_int4(rows) -> list:
 
 def _int8_dram(rows) -> list:
     """int8, M <= 4: % of DRAM read, goal 90."""
-    return [Figure(r["threads"], _where(r), r["pct_dram"], 90)
+    return [Figure(r["file"], r["threads"], _where(r), r["pct_dram"], 90)
             for r in _qkern_int8(rows) if r["M"] <= 4]
 
 
@@ -120,7 +124,7 @@ def _int8_peak(rows) -> list:
     for r in _qkern_int8(rows):
         amx = r["kernel"].endswith("__amx")
         if r["M"] >= 64 and (amx or r["pct_fma"] is not None):
-            out.append(Figure(r["threads"], f"{_where(r)} {r['kernel']}",
+            out.append(Figure(r["file"], r["threads"], f"{_where(r)} {r['kernel']}",
                               r["pct_roofline"] if amx else r["pct_fma"], 50 if amx else 85))
     return out
 
@@ -133,8 +137,8 @@ def _avx2_dtypes(rows) -> list:
         for key, r in _named(rows, "peers", f"qkern {dtype}").items():
             base = f32.get(key)
             if base and r["M"] >= 64 and base["kernel"].endswith("__avx2"):
-                out.append(Figure(r["threads"], _where(r), r["median_ms"] / base["median_ms"],
-                                  1.05))
+                out.append(Figure(r["file"], r["threads"], _where(r),
+                                  r["median_ms"] / base["median_ms"], 1.05))
     return out
 
 
@@ -147,7 +151,8 @@ def _slower_peer(rows, table: str, peer: str, ours: Callable[[dict], str],
         base = _named(rows, table, ours(r)).get((file, threads, m, n, k))
         g = goal(m)
         if base is not None and g is not None:
-            out.append(Figure(threads, _where(base), r["median_ms"] / base["median_ms"], g))
+            out.append(Figure(file, threads, _where(base), r["median_ms"] / base["median_ms"],
+                              g))
     return out
 
 
@@ -167,13 +172,13 @@ def _dense(rows) -> list:
 
 def _int4_dram(rows) -> list:
     """int4, M <= 4: % of DRAM read (weight, scales and zeros), goal 85."""
-    return [Figure(r["threads"], _where(r), r["pct_dram"], 85)
+    return [Figure(r["file"], r["threads"], _where(r), r["pct_dram"], 85)
             for r in _qkern_int4(rows) if r["M"] <= 4]
 
 
 def _int4_vs_int8(rows) -> list:
     """int4, M >= 128: time over int8's, at most 1.2."""
-    return [Figure(r["threads"], _where(r), r["ratio_vs_int8"], 1.2)
+    return [Figure(r["file"], r["threads"], _where(r), r["ratio_vs_int8"], 1.2)
             for r in _qkern_int4(rows) if r["M"] >= 128]
 
 
@@ -214,7 +219,8 @@ def _number(value: float, goal: float | None = None) -> str:
 
 
 def verdict(target: Target, figures: list) -> str:
-    """One thread count's line: the range, the verdict, the worst misses."""
+    """One file and thread count's line: the range, the verdict, the worst
+    misses."""
     values = [f.value for f in figures]
     count = f"{len(figures)} row{'s' if len(figures) > 1 else ''}"
     span = f"{_number(min(values))}-{_number(max(values))} {target.unit} over {count}"
@@ -231,18 +237,22 @@ def verdict(target: Target, figures: list) -> str:
     return f"{span}: not met on {len(misses)} (worst: {worst})"
 
 
-def report(rows) -> str:
-    """Every target's lines for ``rows``."""
+def report(rows, names=None) -> str:
+    """Every target's lines for ``rows`` (from :func:`load`), one per file
+    and thread count; a file's lines start with its name in ``names`` where
+    the target has rows of more than one file."""
     lines = []
     for target in TARGETS:
         lines.append(target.label)
         figures = target.figures(rows)
         if not figures:
             lines.append("  no rows for it in these files")
-        for threads in sorted({f.threads for f in figures}):
-            at_threads = [f for f in figures if f.threads == threads]
-            lines.append(f"  {threads} thread{'s' if threads > 1 else ''}: "
-                         f"{verdict(target, at_threads)}")
+        files = sorted({f.file for f in figures})
+        for file, threads in sorted({(f.file, f.threads) for f in figures}):
+            mine = [f for f in figures if (f.file, f.threads) == (file, threads)]
+            origin = f"{names[file]}, " if len(files) > 1 and names else ""
+            lines.append(f"  {origin}{threads} thread{'s' if threads > 1 else ''}: "
+                         f"{verdict(target, mine)}")
     lines.append("the functional op within 1.2x of WoqLinear at M <= 8: not on the grid "
                  "(benchmarks/woq_minof.py --weights int8,int8-functional)")
     return "\n".join(lines)
@@ -254,7 +264,8 @@ def main(argv=None) -> int:
         prog="python benchmarks/targets.py",
         description="Judge the WoQ targets on the JSON of woq_bench.py runs.")
     parser.add_argument("json", nargs="+", help="files written by woq_bench.py --json")
-    print(report(load(parser.parse_args(argv).json)))
+    paths = parser.parse_args(argv).json
+    print(report(load(paths), names=paths))
     return 0
 
 

@@ -89,8 +89,8 @@ def test_dense_pairs_by_the_dtype_of_its_row(tmp_path):
 
 
 def test_each_file_its_own_roofline_and_pairs(tmp_path):
-    """Two runs of one problem: each row's % of DRAM from its own file, and
-    each peer over the qkern row of its own file."""
+    """Two runs of one problem: each row's % of DRAM from its own file, each
+    peer over the qkern row of its own file, each file's lines apart."""
     def run(name, bandwidth, ours_ms, peer_ms):
         return _write(tmp_path / name, [
             _row("peers", "qkern float32", 1, dtype="float32", kernel="k__avx512",
@@ -98,10 +98,12 @@ def test_each_file_its_own_roofline_and_pairs(tmp_path):
             _row("peers", "openvino int8 MatMul f32", 1, dtype="float32", median_ms=peer_ms)],
             bandwidth=bandwidth)
     rows = targets.load([run("a.json", 10.0, 1.0, 1.4), run("b.json", 9.0, 2.0, 2.0)])
-    report = targets.report(rows)
-    assert _lines_of(report, "int8, M <= 4") == ["  1 thread: 90-100 % of DRAM over 2 rows: met"]
+    report = targets.report(rows, names=["a", "b"])
+    assert _lines_of(report, "int8, M <= 4") == ["  a, 1 thread: 90-90 % of DRAM over 1 row: met",
+                                                 "  b, 1 thread: 100-100 % of DRAM over 1 row: met"]
     assert _lines_of(report, "OpenVINO") == [
-        "  1 thread: 1.00-1.40 x qkern float32's time over 2 rows: not met on 1 "
+        "  a, 1 thread: 1.40-1.40 x qkern float32's time over 1 row: met",
+        "  b, 1 thread: 1.00-1.00 x qkern float32's time over 1 row: not met on 1 "
         "(worst: 4096x4096 M=1 float32 1.00 (goal 1.30))"]
 
 

@@ -291,10 +291,11 @@ def test_an_intermediate_that_overflows_as_each_compute_documents(kern, dtype, c
     whole bytes' sums alone (f32_qb4w's high nibbles: +inf; the other
     computes finite), or two groups with opposite signs (NaN, where y* is
     0); the kernel on dequantized weights stays finite.  int4_may_overflow
-    marks those columns.  (float16 cannot hold such x.)"""
+    marks the columns where a compute with group sums overflows.  (float16
+    cannot hold such x.)"""
     n, x0, q0, s, z = 32, 1e37, 15, 2.0**-20, 8 * 2.0**-20
-    if case == "s p":
-        x0, q0, s, z = 1e35, 8, 1e3, 1e-3
+    if case == "s p":  # p, and a byte-summing kernel's whole bytes, finite
+        x0, q0, s, z = 5e34, 8, 1e3, 1e-3
     elif case == "whole bytes":
         x0 = 1e35
     x = np.full((1, 32), x0, np.float32)
