@@ -8,9 +8,9 @@ rows, whether it is met, and the rows that miss it, worst first.
 Several files (a full run and an ``--int4-only`` one, say) are judged
 together, each row against the roofline of its own file and paired only
 with rows of its own file; where more than one file gives a target rows,
-each file's figures get lines of their own. Rows come from Table 2 (``peers.py``: int8, the
-peers) and Table 4 (``int4_peers.py``); a target whose rows the files lack
-says so. The functional op's target is not on the grid: ``woq_minof.py``
+each file's figures get lines of their own. Rows come from Table 2
+(``peers.py``: int8, the peers) and Table 4 (``int4_peers.py``); a target
+whose rows the files lack says so. The functional op's target is not on the grid: ``woq_minof.py``
 measures it. Every figure comes from the rows as written and the file's
 roofline; nothing is timed here.
 
@@ -83,7 +83,7 @@ def load(paths) -> list:
                  for t, gflops in by_threads.items()}
         for row in run["rows"]:
             row = {**row, "file": index}
-            if row["table"] == "peers" and row["name"].startswith("qkern "):
+            if _is_qkern_int8(row):
                 peak = peaks.get((_fma_peak_key(row["kernel"]), row["threads"]))
                 row.update(pct_dram=100 * row["weight_gbs"] / bandwidth[row["threads"]],
                            pct_fma=None if peak is None else 100 * row["gflops"] / peak)
@@ -102,9 +102,14 @@ def _named(rows, table: str, name: str) -> dict:
             if r["table"] == table and r["name"] == name}
 
 
+def _is_qkern_int8(row) -> bool:
+    """Whether ``row`` is a qkern row of Table 2."""
+    return row["table"] == "peers" and row["name"].startswith("qkern ")
+
+
 def _qkern_int8(rows) -> list:
     """The qkern rows of Table 2."""
-    return [r for r in rows if r["table"] == "peers" and r["name"].startswith("qkern ")]
+    return [r for r in rows if _is_qkern_int8(r)]
 
 
 def _qkern_int4(rows) -> list:
@@ -146,9 +151,12 @@ def _slower_peer(rows, table: str, peer: str, ours: Callable[[dict], str],
                  goal: Callable[[int], float | None]) -> list:
     """Figures of ``peer``'s median over the median of the qkern row named
     ``ours(peer_row)`` on the same problem, where ``goal(M)`` gives one."""
-    out = []
+    out, by_name = [], {}
     for (file, threads, m, n, k), r in _named(rows, table, peer).items():
-        base = _named(rows, table, ours(r)).get((file, threads, m, n, k))
+        name = ours(r)
+        if name not in by_name:
+            by_name[name] = _named(rows, table, name)
+        base = by_name[name].get((file, threads, m, n, k))
         g = goal(m)
         if base is not None and g is not None:
             out.append(Figure(file, threads, _where(base), r["median_ms"] / base["median_ms"],

@@ -44,14 +44,20 @@ def _no_runtime_peers_under_asan(monkeypatch):
                             lambda: {"openvino": None, "onnxruntime": None})
 
 
+def _kernels_for(dtype, weight_format: str) -> list:
+    """The kernels this process may run on weights of ``weight_format`` for
+    activations of ``dtype``."""
+    return [k for k in qkern.kernels()
+            if k.available and dtype.name in k.dtypes and k.weight_format == weight_format]
+
+
 def woq_bound_traits(dtype) -> dict:
     """The arguments of the int8 bound (tests/reference.py) that cover every
     int8 kernel this process may run for activations of ``dtype``: ``daz``
     where one flushes subnormals, ``planes`` the most bf16 planes one splits
     x into."""
     dtype = np.dtype(dtype)
-    kernels = [k for k in qkern.kernels()
-               if k.available and dtype.name in k.dtypes and k.weight_format == qkern.dispatch.INT8]
+    kernels = _kernels_for(dtype, qkern.dispatch.INT8)
     return {"daz": any(k.flushes_subnormals for k in kernels),
             "planes": max(k.planes(dtype) for k in kernels)}
 
@@ -67,8 +73,7 @@ def int4_bound_traits(x, n: int) -> dict:
     the tests that use it run without autotuning)."""
     dtype = np.asarray(x).dtype
     rows = int(np.prod(np.shape(x)[:-1]))
-    kernels = [k for k in qkern.kernels()
-               if k.available and dtype.name in k.dtypes and k.weight_format == qkern.dispatch.INT4]
+    kernels = _kernels_for(dtype, qkern.dispatch.INT4)
     static = qkern.dispatch.choose_kernel(dtype, rows, weight_format=qkern.dispatch.INT4, n=n)
     return {"daz": any(k.flushes_subnormals for k in kernels),
             "planes": max(k.planes(dtype) for k in kernels),

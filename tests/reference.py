@@ -354,6 +354,13 @@ def int4_dequantized_model(x, q, sz, group_size, bias=None):
     return y.astype(x.dtype)
 
 
+def _high_nibbles(q64):
+    """The columns of high nibbles (n % 32 >= 16) and the q of the low
+    nibble in the same byte (column n - 16) for each."""
+    high = np.arange(len(q64)) % 32 >= 16
+    return high, q64[np.flatnonzero(high) - 16]
+
+
 def _int4_terms(x, q, sz, group_size, planes: int, byte_sums: bool):
     """|x|, |s| and |z'| per group (groups, N), the planes' growth factor
     and T (the analysis above; with each high nibble's q'/8 where
@@ -364,8 +371,8 @@ def _int4_terms(x, q, sz, group_size, planes: int, byte_sums: bool):
                                                                            np.float64))
     q64 = np.asarray(q).astype(np.float64)
     if byte_sums:  # each high nibble's column j + 16 also carries q'/8 of column j
-        high = np.arange(len(q64)) % 32 >= 16
-        q64[high] += q64[np.flatnonzero(high) - 16] / 8
+        high, low = _high_nibbles(q64)
+        q64[high] += low / 8
     growth = 1 + 2.0**-7 + 2.0**-14 if planes > 1 else 1.0
     big_t = (growth * (x_abs @ (q64 * np.repeat(s.T, group_size, axis=1)).T)
              + x_abs @ np.repeat(zp.T, group_size, axis=1).T)
@@ -380,8 +387,8 @@ def int4_may_overflow(x, q, sz, group_size, bias=None, planes: int = 1,
     q64 = np.asarray(q).astype(np.float64)
     chained = q64.copy()  # what a p chain multiplies x_k by: b_k for a high nibble
     if byte_sums:
-        high = np.arange(len(q64)) % 32 >= 16
-        chained[high] = 16 * q64[high] + q64[np.flatnonzero(high) - 16]
+        high, low = _high_nibbles(q64)
+        chained[high] = 16 * q64[high] + low
     groups = len(s)
     x_g = x_abs.reshape(*x_abs.shape[:-1], groups, group_size)
     p_sums = np.einsum("...gk,ngk->...ng", x_g, chained.reshape(len(q64), groups, group_size))
