@@ -380,10 +380,11 @@ def _int4_terms(x, q, sz, group_size, planes: int, byte_sums: bool):
 
 
 def int4_may_overflow(x, q, sz, group_size, bias=None, planes: int = 1,
-                      byte_sums: bool = False):
+                      byte_sums: bool = False, *, terms=None):
     """Where an fp32 intermediate of an int4 compute may overflow (the
-    analysis above): finite inputs, elementwise over the result."""
-    x_abs, s, zp, growth, big_t = _int4_terms(x, q, sz, group_size, planes, byte_sums)
+    analysis above): finite inputs, elementwise over the result.
+    ``terms``: `_int4_terms` of the same arguments, when already computed."""
+    x_abs, s, zp, growth, big_t = terms or _int4_terms(x, q, sz, group_size, planes, byte_sums)
     q64 = np.asarray(q).astype(np.float64)
     chained = q64.copy()  # what a p chain multiplies x_k by: b_k for a high nibble
     if byte_sums:
@@ -407,13 +408,14 @@ def int4_may_overflow(x, q, sz, group_size, bias=None, planes: int = 1,
 
 
 def int4_bound(x, q, sz, group_size, bias, dtype, daz: bool = False, planes: int = 1,
-               dequantized: bool = False, byte_sums: bool = False):
+               dequantized: bool = False, byte_sums: bool = False, *, terms=None):
     """Elementwise bound on |y - y*| (the analysis above; ``daz``: for a
     kernel that flushes subnormals, ``planes``: bf16 planes per x,
     ``dequantized``: for a kernel on dequantized weights too,
-    ``byte_sums``: for a kernel summing the high nibbles from byte sums)."""
+    ``byte_sums``: for a kernel summing the high nibbles from byte sums;
+    ``terms``: `_int4_terms` of the same arguments, when already computed)."""
     dtype = np.dtype(dtype)
-    x_abs, s, zp, growth, big_t = _int4_terms(x, q, sz, group_size, planes, byte_sums)
+    x_abs, s, zp, growth, big_t = terms or _int4_terms(x, q, sz, group_size, planes, byte_sums)
     groups = len(s)
     steps = planes * group_size + 2 * groups + 2 + (1 if byte_sums else 0)
     k = groups * group_size
@@ -447,8 +449,10 @@ def assert_int4_close(y, x, q, sz, group_size, bias=None, *, daz=False, planes=1
     assert all(np.isfinite(np.asarray(a).astype(np.float64)).all() for a in finite_inputs), \
         "assert_int4_close takes finite x, scales_and_zeros and bias"
     ref = int4_reference(x, q, sz, group_size, bias)
-    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized, byte_sums)
-    overflow = int4_may_overflow(x, q, sz, group_size, bias, planes, byte_sums)
+    terms = _int4_terms(x, q, sz, group_size, planes, byte_sums)
+    tol = int4_bound(x, q, sz, group_size, bias, dtype, daz, planes, dequantized, byte_sums,
+                     terms=terms)
+    overflow = int4_may_overflow(x, q, sz, group_size, bias, planes, byte_sums, terms=terms)
     assert y.shape == ref.shape, (y.shape, ref.shape)
     y64 = y.astype(np.float64)
     assert not (np.isnan(y64) & ~overflow).any(), "NaN where no fp32 intermediate may overflow"
