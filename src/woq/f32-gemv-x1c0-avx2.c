@@ -17,10 +17,11 @@
  * then the rest: with fewer columns a step, the rows of x would stream
  * from L2 at a vector per FMA.  The K tail (K mod 8) goes through
  * zero-padded copies: nothing is read past a row of x or w.  Each of the
- * C rows of w is prefetched into L2 QK_GEMV_L2_PREFETCH_BYTES ahead and
- * into L1 as far as l1_prefetch_ahead says.  The body is specialised for
- * each mr (1..8), so fewer rows cost fewer FMAs; the columns per step
- * change no sum, so every mr gives a row the same bits.
+ * C rows of w is prefetched into L2 QK_GEMV_L2_PREFETCH_BYTES ahead and,
+ * at 5-6 rows only, into L1 ROW_L1_PREFETCH_BYTES ahead in the row.  The
+ * body is specialised for each mr (1..8), so fewer rows cost fewer FMAs;
+ * the columns per step change no sum, so every mr gives a row the same
+ * bits.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -35,15 +36,18 @@ QK_INLINE float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* How far past the line it reads a tile of C columns (C weight rows)
- * prefetches each row into L1, in bytes.  1-4 rows (C = 3-4): the same k
- * two tiles (2C rows) on, which also keeps DRAM busy at one row.  5-6 rows
- * (C = 2), where the FMAs, not DRAM, set the pace: 512 bytes on in the
- * row itself, since the next tiles' lines, fetched a tile's K / 8 steps
- * early, left L1 again under the rows of x streaming through it (on a Zen
- * 4, 0.96-0.97 of the time; at one or two rows the same change took
- * 1.13-1.18x). */
-QK_INLINE size_t l1_prefetch_ahead(const size_t C, size_t kc) { return C == 2 ? 512 : 2 * C * kc; }
+/* How far ahead in its own row a tile of 2 columns (5-6 rows) prefetches
+ * each row of w into L1, in bytes: there the FMAs, not DRAM, set the pace,
+ * and the next tiles' lines, fetched a tile's K / 8 steps early, left L1
+ * again under the rows of x streaming through it (on a Zen 4, 0.96-0.97
+ * of the time).  Tiles of 3-4 columns (1-4 rows) prefetch nothing into
+ * L1: x (16 KiB at K = 4096) holds half of L1, and a line fetched ahead
+ * waits there beside the lines in use (at K = 4096 the C rows' lines of
+ * one k share an L1 set).  On a Zen 3, cold weights, against prefetching
+ * the same k two tiles on, they took 0.91-0.98 of the time at K = 4096
+ * (1, 2 and 4 rows) and, at one row, K = 11008, medians of 0.75-0.78;
+ * 512 bytes on in the row took 1.04-1.06x at one row. */
+#define ROW_L1_PREFETCH_BYTES 512
 
 /* R (<= 6) rows times C columns from n0: sums over whole steps of 8 k,
  * then the tail through zero-padded copies of the last K mod 8 values. */
@@ -64,11 +68,10 @@ QK_INLINE void gemv_tile(const size_t R, const size_t C, const qk_dtype DT, size
    * alone cost 1-4 rows up to 1.06 at one row, cold. */
   const float* xp[6];
   for (size_t i = 0; i < R; i++) xp[i] = ar[i];
-  const size_t l1_ahead = l1_prefetch_ahead(C, kc);
   for (size_t k = 0; k < k_whole; k += 8) {
     if ((k & 63) == 0)
       for (size_t j = 0; j < C; j++) {
-        _mm_prefetch((const char*)wr[j] + k + l1_ahead, _MM_HINT_T0);
+        if (C == 2) _mm_prefetch((const char*)wr[j] + k + ROW_L1_PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char*)wr[j] + k + QK_GEMV_L2_PREFETCH_BYTES, _MM_HINT_T1);
       }
     __m256 wv[4];
