@@ -46,7 +46,10 @@ QK_INLINE float hsum(__m256 v) {
  * one k share an L1 set).  On a Zen 3, cold weights, against prefetching
  * the same k two tiles on, they took 0.91-0.98 of the time at K = 4096
  * (1, 2 and 4 rows) and, at one row, K = 11008, medians of 0.75-0.78;
- * 512 bytes on in the row took 1.04-1.06x at one row. */
+ * 512 bytes on in the row took 1.04-1.06x at one row.  (A Zen 4, whose
+ * own GEMV is the AVX-512 one, preferred two tiles on to 512 bytes on at
+ * one or two rows, 1.13-1.18x, capped to AVX2; it was not timed without
+ * the L1 prefetch.) */
 #define ROW_L1_PREFETCH_BYTES 512
 
 /* R (<= 6) rows times C columns from n0: sums over whole steps of 8 k,
